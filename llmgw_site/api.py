@@ -1,0 +1,18 @@
+"""Operator API errors: JSON with a message a person can act on."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from nodes.exceptions import InvalidTransition, NotFound
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, InvalidTransition):
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, NotFound):
+        return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, DjangoValidationError):
+        return Response({"detail": "; ".join(exc.messages)}, status=status.HTTP_400_BAD_REQUEST)
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,23 @@
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+
+django_application = get_asgi_application()
+
+
+def _with_static(app):
+    from django.conf import settings
+
+    if not settings.DEBUG and os.environ.get("LLMGW_SERVE_STATIC", "1") != "1":
+        return app
+    # The embedded default has no front proxy: serve the admin's static files
+    # from the installed apps, as runserver does. Production puts nginx in front
+    # and sets LLMGW_SERVE_STATIC=0.
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    return ASGIStaticFilesHandler(app)
+
+
+application = _with_static(django_application)

@@ -1,0 +1,27 @@
+"""The Celery app. Its beat schedule is defined here, in code."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+
+app = Celery("llmgw_site")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.on_after_finalize.connect
+def _beat_schedule(sender, **_kwargs):
+    from django.conf import settings
+
+    sweep = settings.LLMGW_SWEEP_INTERVAL
+    sender.conf.beat_schedule = {
+        "nodes-sweep-lost": {
+            "task": "nodes.tasks.nodes_sweep_lost",
+            "schedule": sweep,
+            # A sweep that waited longer than its own period is stale: the next
+            # one is already on its way.
+            "options": {"expires": sweep},
+        },
+    }

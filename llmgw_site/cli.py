@@ -1,0 +1,83 @@
+"""The ``llmgw`` command.
+
+    llmgw up                  the whole control plane, in the foreground
+    llmgw ctl ...             operate it (REST API; ``ctl cert`` works on the local PKI)
+    llmgw agent --config F    the node agent (standalone: no Django)
+    llmgw sim ...             simulated nodes and engines, for hardware-free clusters
+
+Thin: parse, call a service or the REST API, print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("agent", "sim"):
+        # The agent side imports nothing from Django or the control plane.
+        from agent.cli import main as agent_main
+
+        return agent_main(argv)
+
+    parser = argparse.ArgumentParser(prog="llmgw", description="llmgw: control plane for GPU clusters serving LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run web, agent API, worker and beat in the foreground")
+    up.add_argument("--data-dir", help="where everything lives (default $LLMGW_DATA_DIR or ./var)")
+    up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    up.add_argument("--web-port", type=int, default=8000)
+    up.add_argument("--agent-port", type=int, default=7443)
+    up.add_argument("--agent-workers", type=int, default=2)
+    up.set_defaults(func=_cmd_up)
+
+    from .ctl import add_ctl_parser
+
+    add_ctl_parser(sub)
+    sub.add_parser("agent", help="run the node agent (llmgw agent --config agent.yaml)")
+    sub.add_parser("sim", help="simulated nodes and engines (llmgw sim --help)")
+
+    args = parser.parse_args(argv)
+    if args.command == "ctl":
+        from .ctl import run_ctl
+
+        return run_ctl(args.func, args)
+    return args.func(args) or 0
+
+
+def setup_django(data_dir: str | None = None) -> None:
+    if data_dir:
+        os.environ["LLMGW_DATA_DIR"] = str(Path(data_dir).resolve())
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    import django
+
+    django.setup()
+
+
+def ensure_migrated(verbosity: int = 0) -> None:
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=verbosity)
+
+
+def _cmd_up(args) -> int:
+    setup_django(args.data_dir)
+    from .runner import run_up
+
+    return run_up(
+        host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers
+    )
+
+
+def print_json(value) -> None:
+    json.dump(value, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

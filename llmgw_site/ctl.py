@@ -1,0 +1,278 @@
+"""``llmgw ctl``: the operator's command line.
+
+``ctl cert`` works on the local PKI directory (it runs on the host holding the
+authority). Everything else talks to the operator REST API at ``LLMGW_URL``
+with ``LLMGW_TOKEN``; both default to what a local ``llmgw up`` wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import httpx
+
+
+class CtlError(Exception):
+    pass
+
+
+def add_ctl_parser(sub) -> None:
+    ctl = sub.add_parser("ctl", help="operate a running control plane")
+    ctl_sub = ctl.add_subparsers(dest="ctl_command", required=True)
+
+    cert = ctl_sub.add_parser("cert", help="the certificate authority (local PKI directory)")
+    cert.add_argument("--data-dir", help="the data directory (default $LLMGW_DATA_DIR or ./var)")
+    cert_sub = cert.add_subparsers(dest="cert_command", required=True)
+    init = cert_sub.add_parser("init-ca", help="create the authority (refuses to replace one)")
+    init.add_argument("--cn", default="llmgw CA")
+    init.set_defaults(func=_cert_init_ca)
+    client = cert_sub.add_parser("issue-client", help="a node's certificate: CN = node id")
+    client.add_argument("node")
+    client.add_argument("--out", required=True, help="directory for NODE.pem, NODE-key.pem and ca.pem")
+    client.add_argument("--days", type=int)
+    client.set_defaults(func=_cert_issue_client)
+    server = cert_sub.add_parser("issue-server", help="a server certificate with subject alternative names")
+    server.add_argument("--host", action="append", default=[], help="DNS name (repeatable)")
+    server.add_argument("--ip", action="append", default=[], help="IP address (repeatable)")
+    server.add_argument("--out", help="directory for server.pem, server-key.pem and ca.pem")
+    server.add_argument("--install", action="store_true", help="make it the agent API's certificate")
+    server.add_argument("--days", type=int)
+    server.set_defaults(func=_cert_issue_server)
+    listing = cert_sub.add_parser("list", help="every certificate issued")
+    _output_flag(listing)
+    listing.set_defaults(func=_cert_list)
+    revoke = cert_sub.add_parser("revoke", help="revoke a node's certificates, or one by serial")
+    revoke.add_argument("target", metavar="NODE|SERIAL")
+    revoke.add_argument("--reason", default="")
+    revoke.set_defaults(func=_cert_revoke)
+
+    nodes = ctl_sub.add_parser("nodes", help="list nodes")
+    _output_flag(nodes)
+    nodes.set_defaults(func=_nodes)
+    for verb in ("cordon", "uncordon"):
+        cmd = ctl_sub.add_parser(verb, help=f"{verb} a node")
+        cmd.add_argument("node")
+        cmd.set_defaults(func=_node_action, verb=verb)
+    events = ctl_sub.add_parser("events", help="recent events, newest first")
+    events.add_argument("--node")
+    events.add_argument("--limit", type=int, default=50)
+    _output_flag(events)
+    events.set_defaults(func=_events)
+    fabrics = ctl_sub.add_parser("fabrics", help="list fabrics and their nodes")
+    _output_flag(fabrics)
+    fabrics.set_defaults(func=_fabrics)
+
+
+def _output_flag(parser) -> None:
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+
+def run_ctl(func, args) -> int:
+    try:
+        return func(args) or 0
+    except CtlError as exc:
+        print(f"llmgw: {exc}", file=sys.stderr)
+        return 1
+
+
+# --- tables -------------------------------------------------------------------
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> None:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+# --- cert (local) -------------------------------------------------------------
+
+
+def _local(args):
+    from .cli import ensure_migrated, setup_django
+
+    setup_django(getattr(args, "data_dir", None))
+    ensure_migrated()
+    from pki import services
+
+    return services
+
+
+def _cert_init_ca(args) -> int:
+    services = _local(args)
+    try:
+        row = services.ca_init(common_name=args.cn)
+    except services.PkiError as exc:
+        raise CtlError(str(exc)) from exc
+    print(f"created authority {row.common_name!r} serial {row.serial} in {services.pki_dir()}")
+    return 0
+
+
+def _cert_issue_client(args) -> int:
+    services = _local(args)
+    from pki.names import InvalidNodeId
+
+    try:
+        issued = services.cert_issue_client(node_id=args.node, days=args.days)
+    except (services.PkiError, InvalidNodeId) as exc:
+        raise CtlError(str(exc)) from exc
+    paths = services.bundle_write(issued=issued, out_dir=Path(args.out))
+    print(f"issued {issued.row.common_name} serial {issued.row.serial}, valid until {issued.row.not_after:%Y-%m-%d}")
+    for label, path in paths.items():
+        print(f"  {label:4} {path}")
+    return 0
+
+
+def _cert_issue_server(args) -> int:
+    services = _local(args)
+    if not args.out and not args.install:
+        raise CtlError("say where it goes: --out DIR, or --install to make it the agent API's certificate")
+    try:
+        issued = services.cert_issue_server(hosts=args.host, ips=args.ip, days=args.days, install=args.install)
+    except services.PkiError as exc:
+        raise CtlError(str(exc)) from exc
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        services._write_public(out / "server.pem", issued.cert_pem)
+        services._write_private(out / "server-key.pem", issued.key_pem)
+        services._write_public(out / "ca.pem", issued.ca_pem)
+        print(f"wrote {out / 'server.pem'}, {out / 'server-key.pem'} and {out / 'ca.pem'}")
+    if args.install:
+        print(f"installed as the agent API's certificate in {services.pki_dir()}; restart the agent API")
+    print(f"serial {issued.row.serial}, names {', '.join(issued.row.subject_alt_names)}")
+    return 0
+
+
+def _cert_list(args) -> int:
+    _local(args)
+    from pki.api.serializers import CertificateSerializer
+    from pki.selectors import cert_list
+
+    rows = CertificateSerializer(cert_list(), many=True).data
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(rows)
+        return 0
+    print_table(
+        ["cn", "kind", "serial", "expires", "revoked"],
+        [[r["common_name"], r["kind"], r["serial"], r["not_after"][:10], (r["revoked_at"] or "")[:19]] for r in rows],
+    )
+    return 0
+
+
+def _cert_revoke(args) -> int:
+    services = _local(args)
+    try:
+        rows = services.cert_revoke(target=args.target, reason=args.reason)
+    except services.PkiError as exc:
+        raise CtlError(str(exc)) from exc
+    for row in rows:
+        print(f"revoked {row.kind} certificate {row.serial} ({row.common_name})")
+    return 0
+
+
+# --- REST ---------------------------------------------------------------------
+
+
+def _api() -> httpx.Client:
+    url = os.environ.get("LLMGW_URL", "http://127.0.0.1:8000").rstrip("/")
+    token = os.environ.get("LLMGW_TOKEN", "")
+    if not token:
+        data_dir = Path(os.environ.get("LLMGW_DATA_DIR", "var"))
+        token_file = data_dir / "ctl-token"
+        if token_file.exists():
+            token = token_file.read_text().strip()
+    if not token:
+        raise CtlError(
+            "no API token: set LLMGW_TOKEN, or LLMGW_DATA_DIR to the data directory of 'llmgw up' "
+            "(it writes ctl-token there)"
+        )
+    return httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=30)
+
+
+def api_call(method: str, path: str, **kwargs):
+    try:
+        with _api() as client:
+            response = client.request(method, path, **kwargs)
+    except httpx.TransportError as exc:
+        raise CtlError(f"cannot reach the control plane at {os.environ.get('LLMGW_URL', 'http://127.0.0.1:8000')}: {exc}") from exc
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail") or response.text
+        except ValueError:
+            detail = response.text
+        raise CtlError(f"{response.status_code}: {detail}")
+    return response.json()
+
+
+def _nodes(args) -> int:
+    nodes = api_call("GET", "/api/v1/nodes/")
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(nodes)
+        return 0
+    print_table(
+        ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "notes"],
+        [
+            [
+                n["name"],
+                n["status"],
+                ",".join(n["fabrics"]) or "-",
+                len(n["gpus"]),
+                _age(n["heartbeat_age_seconds"]),
+                n["replicas"],
+                "; ".join(n["discovery_errors"]),
+            ]
+            for n in nodes
+        ],
+    )
+    return 0
+
+
+def _node_action(args) -> int:
+    node = api_call("POST", f"/api/v1/nodes/{args.node}/{args.verb}/")
+    print(f"{node['name']} is {node['status']}")
+    return 0
+
+
+def _events(args) -> int:
+    params = {"limit": args.limit}
+    if args.node:
+        params["node"] = args.node
+    events = api_call("GET", "/api/v1/events/", params=params)
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(events)
+        return 0
+    print_table(
+        ["time", "severity", "subject", "message"],
+        [[e["created_at"][:19].replace("T", " "), e["severity"], e["subject"], e["message"]] for e in events],
+    )
+    return 0
+
+
+def _fabrics(args) -> int:
+    fabrics = api_call("GET", "/api/v1/fabrics/")
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(fabrics)
+        return 0
+    print_table(["fabric", "nodes"], [[f["name"], ", ".join(f["nodes"])] for f in fabrics])
+    return 0

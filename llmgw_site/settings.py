@@ -1,0 +1,205 @@
+"""The one settings module of llmgw, configured from the environment.
+
+With no configuration at all it runs on an embedded default under one data
+directory: SQLite in WAL mode, a Celery broker kept in files, liveness kept in
+the database. Point ``DATABASE_URL`` at PostgreSQL and ``CELERY_BROKER_URL`` at
+Redis for production; liveness then moves to Redis (``LLMGW_REDIS_URL``,
+which defaults to a ``redis://`` broker URL).
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DATA_DIR = Path(env.str("LLMGW_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+PKI_DIR = Path(env.str("LLMGW_PKI_DIR", default=str(DATA_DIR / "pki"))).resolve()
+
+# Which process this is. The agent API runs with its own URLconf and no
+# middleware: it serves one kind of caller, authenticated by TLS, at a rate of
+# thousands of requests per second.
+ROLE = env.str("LLMGW_ROLE", default="web")
+
+
+def _secret_key() -> str:
+    if env.str("DJANGO_SECRET_KEY_FILE", default=""):
+        return Path(env.str("DJANGO_SECRET_KEY_FILE")).read_text().strip()
+    if env.str("DJANGO_SECRET_KEY", default=""):
+        return env.str("DJANGO_SECRET_KEY")
+    key_file = DATA_DIR / "secret-key"
+    if key_file.exists():
+        return key_file.read_text().strip()
+    # Embedded default: make one and keep it, so sessions survive restarts.
+    from django.utils.crypto import get_random_string
+
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key = get_random_string(64)
+    try:
+        with open(key_file, "x") as handle:
+            handle.write(key)
+        key_file.chmod(0o600)
+    except FileExistsError:
+        key = key_file.read_text().strip()
+    return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "pki",
+    "nodes",
+]
+
+if ROLE == "agent-api":
+    ROOT_URLCONF = "llmgw_site.agent_urls"
+    MIDDLEWARE: list[str] = []
+else:
+    ROOT_URLCONF = "llmgw_site.urls"
+    MIDDLEWARE = [
+        "django.middleware.security.SecurityMiddleware",
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    ]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "llmgw_site.wsgi.application"
+ASGI_APPLICATION = "llmgw_site.asgi.application"
+
+_default_db = f"sqlite:///{DATA_DIR / 'llmgw.sqlite3'}"
+DATABASES = {"default": env.db_url("DATABASE_URL", default=_default_db)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            # WAL lets the web, agent API, worker and beat processes read while
+            # one of them writes; IMMEDIATE avoids lock upgrades that fail.
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+        }
+    )
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("LLMGW_DB_CONN_MAX_AGE", default=600)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+# --- Celery -----------------------------------------------------------------
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+_broker_dir = DATA_DIR / "broker"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+else:
+    # acks_late tasks must finish well inside the visibility timeout, or Redis
+    # hands them to a second worker.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# --- Liveness ---------------------------------------------------------------
+
+_redis_default = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
+LLMGW_REDIS_URL = env.str("LLMGW_REDIS_URL", default=_redis_default)
+
+# --- llmgw ------------------------------------------------------------------
+
+LLMGW_NODE_GRACE = env.float("LLMGW_NODE_GRACE", default=60.0)
+LLMGW_HEARTBEAT_INTERVAL = env.float("LLMGW_HEARTBEAT_INTERVAL", default=5.0)
+LLMGW_SWEEP_INTERVAL = env.float("LLMGW_SWEEP_INTERVAL", default=2.0)
+# A gap this long in the control plane's own hearing (agent API or sweep not
+# running) gives every node a fresh grace period.
+LLMGW_DEAF_AFTER = env.float("LLMGW_DEAF_AFTER", default=max(5.0, 3 * LLMGW_SWEEP_INTERVAL))
+LLMGW_MAX_HEARTBEAT_BYTES = env.int("LLMGW_MAX_HEARTBEAT_BYTES", default=256 * 1024)
+LLMGW_REVOCATION_CACHE_SECONDS = env.float("LLMGW_REVOCATION_CACHE_SECONDS", default=1.0)
+LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)
+LLMGW_AGENT_API_URL = env.str("LLMGW_AGENT_API_URL", default="https://127.0.0.1:7443")
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": None,
+    "EXCEPTION_HANDLER": "llmgw_site.api.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llmgw operator API",
+    "DESCRIPTION": "Nodes, fabrics, certificates and events of an llmgw cluster.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LLMGW_LOG_LEVEL", default="INFO")},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        # A sweep every two seconds is not news.
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.beat": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,70 @@
+from django.contrib import admin
+
+from .models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    readonly_fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id"]
+
+
+class HcaInline(admin.TabularInline):
+    model = Hca
+    extra = 0
+    readonly_fields = ["name", "fabric", "port", "state", "phys_state", "link_layer", "rate", "guid", "gid"]
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "status", "mgmt_addr", "agent_version", "last_heartbeat_at")
+    list_filter = ("status", "fabrics")
+    search_fields = ("name", "mgmt_addr")
+    # Status changes go through the services (cordon/uncordon actions, the sweep).
+    readonly_fields = ["status", "status_changed_at", "status_reason", "inventory_hash", "desired_version",
+                       "last_heartbeat_at", "engines", "discovery_errors", "registered_at"]
+    inlines = [GpuInline, HcaInline]
+    actions = ["cordon", "uncordon"]
+
+    @admin.action(description="Cordon the selected nodes")
+    def cordon(self, request, queryset):
+        from .services import node_cordon
+
+        for node in queryset:
+            node_cordon(node_name=node.name)
+
+    @admin.action(description="Uncordon the selected nodes")
+    def uncordon(self, request, queryset):
+        from .services import node_uncordon
+
+        for node in queryset:
+            node_uncordon(node_name=node.name)
+
+
+@admin.register(Fabric)
+class FabricAdmin(admin.ModelAdmin):
+    list_display = ("name", "created_at")
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ("node", "index", "name", "memory_mib", "uuid")
+    list_filter = ("name",)
+
+
+@admin.register(Hca)
+class HcaAdmin(admin.ModelAdmin):
+    list_display = ("node", "name", "fabric", "state", "link_layer", "rate")
+    list_filter = ("fabric",)
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "severity", "kind", "subject", "message")
+    list_filter = ("severity", "kind")
+    search_fields = ("subject", "message")
+
+
+@admin.register(ControlPlaneClock)
+class ControlPlaneClockAdmin(admin.ModelAdmin):
+    list_display = ("heard_since", "last_sweep_at", "deaf_since", "listener_alive_at")

@@ -1,0 +1,92 @@
+"""Input and output of the agent API. The shape is ``agent.protocol``."""
+
+from rest_framework import serializers
+
+from agent.protocol import ENGINE_STATES
+
+
+class GpuSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=1023)
+    uuid = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=128)
+    memory_mib = serializers.IntegerField(min_value=0)
+    pci_bus_id = serializers.CharField(max_length=32)
+
+
+class HcaSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,64}$")
+    fabric = serializers.CharField(max_length=64, allow_null=True, required=False, default=None)
+    port = serializers.IntegerField(min_value=1, max_value=255, default=1)
+    state = serializers.CharField(max_length=32, allow_blank=True, default="")
+    phys_state = serializers.CharField(max_length=32, allow_blank=True, default="")
+    link_layer = serializers.CharField(max_length=32, allow_blank=True, default="")
+    rate = serializers.CharField(max_length=64, allow_blank=True, default="")
+    guid = serializers.CharField(max_length=64, allow_blank=True, default="")
+    gid = serializers.CharField(max_length=64, allow_blank=True, default="")
+
+
+class FabricMembershipSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,64}$")
+    hcas = serializers.ListField(child=serializers.CharField(max_length=64), allow_empty=True)
+
+
+class EngineStateSerializer(serializers.Serializer):
+    member = serializers.CharField(max_length=64)
+    replica = serializers.CharField(max_length=64)
+    rank = serializers.IntegerField(min_value=0)
+    state = serializers.ChoiceField(choices=ENGINE_STATES)
+    pid = serializers.IntegerField(allow_null=True, required=False, default=None)
+    exit_code = serializers.IntegerField(allow_null=True, required=False, default=None)
+    healthy = serializers.BooleanField(default=False)
+    log_tail = serializers.ListField(child=serializers.CharField(allow_blank=True), default=list, max_length=2000)
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    protocol = serializers.IntegerField(default=1)
+    agent_version = serializers.CharField(max_length=64)
+    mgmt_addr = serializers.CharField(max_length=255, allow_blank=True)
+    mgmt_interface = serializers.CharField(max_length=64, allow_blank=True)
+    fabrics = FabricMembershipSerializer(many=True, default=list)
+    gpus = GpuSerializer(many=True, default=list)
+    hcas = HcaSerializer(many=True, default=list)
+    discovery_errors = serializers.ListField(child=serializers.CharField(), default=list, max_length=100)
+    engines = EngineStateSerializer(many=True, default=list)
+    desired_version = serializers.IntegerField(min_value=0, default=0)
+
+    def validate(self, data):
+        errors = []
+        fabric_of: dict[str, str] = {}
+        for fabric in data["fabrics"]:
+            for hca in fabric["hcas"]:
+                if hca in fabric_of and fabric_of[hca] != fabric["name"]:
+                    errors.append(
+                        f"HCA {hca} is listed under two fabrics ({fabric_of[hca]} and {fabric['name']}); "
+                        "an adapter belongs to one fabric. Fix 'fabrics' in the agent's configuration"
+                    )
+                fabric_of[hca] = fabric["name"]
+        names = [f["name"] for f in data["fabrics"]]
+        if len(names) != len(set(names)):
+            errors.append("a fabric is listed twice in 'fabrics'; list each fabric once with all its HCAs")
+        seen_hcas = set()
+        for hca in data["hcas"]:
+            if hca["name"] in seen_hcas:
+                errors.append(f"HCA {hca['name']} is reported twice")
+            seen_hcas.add(hca["name"])
+            stated = fabric_of.get(hca["name"])
+            if hca["fabric"] and stated and hca["fabric"] != stated:
+                errors.append(
+                    f"HCA {hca['name']} is reported in fabric {hca['fabric']} but configured under {stated}"
+                )
+            if hca["fabric"] and hca["fabric"] not in names:
+                errors.append(f"HCA {hca['name']} names fabric {hca['fabric']}, which is not in 'fabrics'")
+        indices = [g["index"] for g in data["gpus"]]
+        uuids = [g["uuid"] for g in data["gpus"]]
+        if len(indices) != len(set(indices)):
+            dupes = sorted({i for i in indices if indices.count(i) > 1})
+            errors.append(f"GPU index reported more than once: {dupes}")
+        if len(uuids) != len(set(uuids)):
+            dupes = sorted({u for u in uuids if uuids.count(u) > 1})
+            errors.append(f"GPU uuid reported more than once: {dupes}")
+        if errors:
+            raise serializers.ValidationError({"inventory": errors})
+        return data

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from . import agent_views
+
+urlpatterns = [
+    path("ping", agent_views.ping, name="agent-ping"),
+    path("nodes/<str:node_id>/heartbeat", agent_views.heartbeat, name="agent-heartbeat"),
+]

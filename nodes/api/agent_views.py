@@ -1,0 +1,97 @@
+"""The agent API: plain Django views on the mTLS listener.
+
+Plain views rather than DRF's: this path runs thousands of times a second, and
+its input serializer only runs when a heartbeat brings news (see
+``nodes.heartbeat``).
+"""
+
+import json
+import logging
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from pki.authn import peer_identity
+from pki.names import InvalidNodeId, validate_node_id
+from pki.selectors import revoked_serials
+
+from ..exceptions import InventoryRejected
+from ..heartbeat import HeartbeatInvalid, node_heartbeat
+
+logger = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str, **extra) -> JsonResponse:
+    return JsonResponse({"error": message, **extra}, status=status)
+
+
+def authorize_node(request, node_id: str) -> JsonResponse | None:
+    """None if the verified client certificate proves ``node_id``; else the refusal."""
+    peer = peer_identity(request.META)
+    if peer is None:
+        # Only reachable when the listener was started without client
+        # certificates required: refuse rather than trust a URL.
+        logger.error("agent-api refused node=%s: no verified client certificate", node_id)
+        return _error(403, "no verified client certificate; the agent API requires mTLS")
+    if peer.common_name != node_id:
+        logger.warning(
+            "agent-api refused: certificate cn=%s serial=%s used for node=%s",
+            peer.common_name, peer.serial, node_id,
+        )
+        return _error(
+            403,
+            f"this certificate is for node {peer.common_name!r}, not {node_id!r}: a node can only "
+            "speak for itself. Issue a certificate for this node with "
+            f"'llmgw ctl cert issue-client {node_id}'",
+        )
+    if peer.serial in revoked_serials.get():
+        logger.warning("agent-api refused: revoked certificate cn=%s serial=%s", peer.common_name, peer.serial)
+        return _error(
+            403,
+            f"certificate {peer.serial} for node {node_id} has been revoked; issue a new one with "
+            f"'llmgw ctl cert issue-client {node_id}'",
+        )
+    return None
+
+
+@csrf_exempt
+def ping(request):
+    """A no-op behind the same TLS and identity checks: the floor of what any
+    agent API request costs (bench/heartbeats.py measures against it)."""
+    peer = peer_identity(request.META)
+    return JsonResponse({"ok": True, "cn": peer.common_name if peer else None})
+
+
+@csrf_exempt
+@require_POST
+def heartbeat(request, node_id: str):
+    try:
+        validate_node_id(node_id)
+    except InvalidNodeId as exc:
+        return _error(400, str(exc))
+    refusal = authorize_node(request, node_id)
+    if refusal is not None:
+        return refusal
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > settings.LLMGW_MAX_HEARTBEAT_BYTES:
+        return _error(413, f"heartbeat of {length} bytes is over the limit of {settings.LLMGW_MAX_HEARTBEAT_BYTES}")
+    try:
+        payload = json.loads(request.body)
+    except RequestDataTooBig:
+        return _error(413, f"heartbeat is over the limit of {settings.LLMGW_MAX_HEARTBEAT_BYTES} bytes")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"the body is not valid JSON: {exc}")
+    if not isinstance(payload, dict):
+        return _error(400, "the body must be a JSON object (see agent.protocol.Heartbeat)")
+    try:
+        reply = node_heartbeat(node_name=node_id, payload=payload)
+    except HeartbeatInvalid as exc:
+        logger.warning("agent-api heartbeat rejected node=%s errors=%s", node_id, exc.errors)
+        return _error(400, "invalid heartbeat; nothing was stored", details=exc.errors)
+    except InventoryRejected as exc:
+        logger.warning("agent-api heartbeat rejected node=%s %s", node_id, exc)
+        return _error(409, f"{exc}; nothing was stored")
+    return JsonResponse(reply)

@@ -1,0 +1,66 @@
+from rest_framework import serializers
+
+from ..models import Event, Fabric, Gpu, Hca, Node
+from ..selectors import age_seconds
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Gpu
+        fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id"]
+
+
+class HcaSerializer(serializers.ModelSerializer):
+    fabric = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Hca
+        fields = ["name", "fabric", "port", "state", "phys_state", "link_layer", "rate", "guid", "gid"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    fabrics = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    gpus = GpuSerializer(many=True, read_only=True)
+    hcas = HcaSerializer(many=True, read_only=True)
+    last_heartbeat_at = serializers.SerializerMethodField()
+    heartbeat_age_seconds = serializers.SerializerMethodField()
+    replicas = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "name", "status", "status_changed_at", "status_reason", "fabrics", "gpus", "hcas",
+            "mgmt_addr", "mgmt_interface", "agent_version", "discovery_errors", "engines",
+            "last_heartbeat_at", "heartbeat_age_seconds", "replicas", "registered_at",
+        ]
+        read_only_fields = fields
+
+    def _seen(self, node):
+        return self.context.get("last_seen", {}).get(node.name, node.last_heartbeat_at)
+
+    def get_last_heartbeat_at(self, node) -> str | None:
+        seen = self._seen(node)
+        return seen.isoformat() if seen else None
+
+    def get_heartbeat_age_seconds(self, node) -> float | None:
+        return age_seconds(self._seen(node))
+
+    def get_replicas(self, node) -> int:
+        # Replicas arrive with the scheduler; until then a node holds none.
+        return 0
+
+
+class FabricSerializer(serializers.ModelSerializer):
+    nodes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+
+    class Meta:
+        model = Fabric
+        fields = ["name", "nodes", "created_at"]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Event
+        fields = ["id", "created_at", "kind", "severity", "subject", "node", "message", "data"]

@@ -1,0 +1,64 @@
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from .. import selectors, services
+from .serializers import EventSerializer, FabricSerializer, NodeSerializer
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = NodeSerializer
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):
+        return selectors.node_list()
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if self.action in ("list", "retrieve", "cordon", "uncordon"):
+            context["last_seen"] = selectors.node_last_seen(self.get_queryset())
+        return context
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, name=None):
+        services.node_cordon(node_name=name)
+        return Response(self.get_serializer(selectors.node_get(name=name)).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, name=None):
+        services.node_uncordon(node_name=name)
+        return Response(self.get_serializer(selectors.node_get(name=name)).data)
+
+
+class FabricViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = FabricSerializer
+    lookup_field = "name"
+
+    def get_queryset(self):
+        return selectors.fabric_list()
+
+
+@extend_schema(
+    parameters=[
+        OpenApiParameter("node", str, description="only events about this node"),
+        OpenApiParameter("kind", str, description="only events of this kind"),
+        OpenApiParameter("limit", int, description="at most this many, newest first (default 200)"),
+    ]
+)
+class EventViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = EventSerializer
+
+    def get_queryset(self):
+        params = self.request.query_params
+        events = selectors.event_list(node=params.get("node"), kind=params.get("kind"))
+        if self.action == "list":
+            try:
+                limit = max(1, min(int(params.get("limit", 200)), 5000))
+            except ValueError:
+                limit = 200
+            return events[:limit]
+        return events

@@ -1,0 +1,128 @@
+"""The heartbeat's hot path.
+
+Most heartbeats say nothing new: same inventory, same engines, same desired
+state. Those are answered from a per-process cache after one round trip to
+the liveness store (which records the heartbeat and returns the node's
+generation). Anything new (a changed inventory or engine, a generation bumped
+by a status or desired-state change, a node we have not cached) goes to the
+database through ``services.node_heartbeat_apply``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from . import liveness, selectors
+from .api.agent_serializers import HeartbeatSerializer
+from .choices import NodeStatus
+from .models import Node
+from .services import node_heartbeat_apply
+
+INVENTORY_FIELDS = ("agent_version", "mgmt_addr", "mgmt_interface", "fabrics", "gpus", "hcas", "discovery_errors")
+_NEEDS_APPLY = (NodeStatus.REGISTERED, NodeStatus.LOST)
+
+
+class HeartbeatInvalid(ValueError):
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("invalid heartbeat")
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class _Known:
+    generation: int
+    status: str
+    inventory_hash: str
+    engines_hash: str
+    desired: dict[str, Any]
+
+
+_known: dict[str, _Known] = {}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def inventory_hash(payload: dict[str, Any]) -> str:
+    return _digest([payload.get(k) for k in INVENTORY_FIELDS])
+
+
+def engines_hash(engines: Any) -> str:
+    # The log tail is stored when something else changes, not a reason to write.
+    if not isinstance(engines, list):
+        return _digest(engines)
+    return _digest(
+        [
+            [e.get(k) for k in ("member", "replica", "rank", "state", "pid", "exit_code", "healthy")]
+            if isinstance(e, dict)
+            else e
+            for e in engines
+        ]
+    )
+
+
+def _reply(node_name: str, known: _Known) -> dict[str, Any]:
+    return {
+        "node": node_name,
+        "status": known.status,
+        "heartbeat_interval": settings.LLMGW_HEARTBEAT_INTERVAL,
+        "desired": known.desired,
+    }
+
+
+def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]:
+    store = liveness.store()
+    inv_hash = inventory_hash(payload)
+    eng_hash = engines_hash(payload.get("engines", []))
+    generation = store.touch(node_name, time.time())
+    known = _known.get(node_name) if store.caches_nodes else None
+    if (
+        known is not None
+        and known.generation == generation
+        and known.inventory_hash == inv_hash
+        and known.engines_hash == eng_hash
+    ):
+        return _reply(node_name, known)
+
+    row = (
+        Node.objects.filter(name=node_name)
+        .values("status", "inventory_hash", "engines", "desired_version")
+        .first()
+    )
+    if (
+        row is None
+        or row["status"] in _NEEDS_APPLY
+        or row["inventory_hash"] != inv_hash
+        or engines_hash(row["engines"]) != eng_hash
+    ):
+        serializer = HeartbeatSerializer(data=payload)
+        if not serializer.is_valid():
+            raise HeartbeatInvalid(serializer.errors)
+        data = serializer.validated_data
+        node = node_heartbeat_apply(
+            node_name=node_name,
+            inventory={k: data[k] for k in INVENTORY_FIELDS},
+            inventory_hash=inv_hash,
+            engines=[dict(e) for e in data["engines"]],
+        )
+        row = {"status": node.status, "desired_version": node.desired_version}
+    known = _Known(
+        generation=generation,
+        status=row["status"],
+        inventory_hash=inv_hash,
+        engines_hash=eng_hash,
+        desired=selectors.node_desired_state(node_name=node_name, version=row["desired_version"]),
+    )
+    _known[node_name] = known
+    return _reply(node_name, known)
+
+
+def forget_cache() -> None:
+    _known.clear()

@@ -1,0 +1,132 @@
+import datetime as dt
+
+from django.db import models
+
+from .choices import EventKind, EventSeverity, NodeStatus
+
+
+class Fabric(models.Model):
+    """A named InfiniBand fabric. Membership is stated by each node's agent."""
+
+    name = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    # The node id: also its hostname, VM name and certificate CN.
+    name = models.CharField(max_length=63, unique=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.REGISTERED)
+    status_changed_at = models.DateTimeField()
+    status_reason = models.CharField(max_length=255, blank=True)
+    fabrics = models.ManyToManyField(Fabric, related_name="nodes", blank=True)
+    mgmt_addr = models.CharField(max_length=255, blank=True)
+    mgmt_interface = models.CharField(max_length=64, blank=True)
+    agent_version = models.CharField(max_length=64, blank=True)
+    discovery_errors = models.JSONField(default=list, blank=True)
+    engines = models.JSONField(default=list, blank=True, help_text="engine states of the last heartbeat")
+    inventory_hash = models.CharField(max_length=64, blank=True)
+    # Liveness lives in the liveness store (Redis in production); this copy is
+    # written on inventory changes and by the sweep, for display and as the
+    # fallback when the store has forgotten a node.
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Bumped whenever what this node should run changes.
+    desired_version = models.PositiveBigIntegerField(default=0)
+    registered_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status__in=NodeStatus.values),
+                name="%(app_label)s_%(class)s_status_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def heartbeat_deadline(self, grace: float) -> dt.datetime | None:
+        if self.last_heartbeat_at is None:
+            return None
+        return self.last_heartbeat_at + dt.timedelta(seconds=grace)
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=128)
+    memory_mib = models.PositiveIntegerField()
+    pci_bus_id = models.CharField(max_length=32)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="%(app_label)s_%(class)s_unique_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:gpu{self.index}"
+
+
+class Hca(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="hcas")
+    name = models.CharField(max_length=64)
+    fabric = models.ForeignKey(Fabric, on_delete=models.PROTECT, null=True, blank=True, related_name="hcas")
+    port = models.PositiveSmallIntegerField(default=1)
+    state = models.CharField(max_length=32, blank=True)
+    phys_state = models.CharField(max_length=32, blank=True)
+    link_layer = models.CharField(max_length=32, blank=True)
+    rate = models.CharField(max_length=64, blank=True)
+    guid = models.CharField(max_length=64, blank=True)
+    gid = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["node", "name"]
+        verbose_name = "HCA"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "name"], name="%(app_label)s_%(class)s_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:{self.name}"
+
+
+class Event(models.Model):
+    """Every decision the control plane makes, in words a person can act on."""
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=32, choices=EventKind.choices)
+    severity = models.CharField(max_length=8, choices=EventSeverity.choices, default=EventSeverity.INFO)
+    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
+    subject = models.CharField(max_length=128, help_text="what it is about: node/node01, replica/12")
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.subject}: {self.message}"
+
+
+class ControlPlaneClock(models.Model):
+    """A single row: when the control plane could last hear its nodes.
+
+    The lost-node sweep gives every node a fresh grace period from
+    ``heard_since`` so that an outage of the control plane itself is never
+    blamed on the nodes.
+    """
+
+    heard_since = models.DateTimeField(null=True, blank=True)
+    last_sweep_at = models.DateTimeField(null=True, blank=True)
+    deaf_since = models.DateTimeField(null=True, blank=True)
+    # Written every second by each agent API process (embedded default only;
+    # production keeps it in Redis).
+    listener_alive_at = models.DateTimeField(null=True, blank=True)

@@ -1,0 +1,58 @@
+"""Reads about nodes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from . import liveness
+from .models import Event, Fabric, Gpu, Hca, Node
+
+
+def node_list() -> QuerySet[Node]:
+    return Node.objects.prefetch_related(
+        "fabrics",
+        Prefetch("gpus", queryset=Gpu.objects.order_by("index")),
+        Prefetch("hcas", queryset=Hca.objects.select_related("fabric").order_by("name")),
+    )
+
+
+def node_get(*, name: str) -> Node | None:
+    return node_list().filter(name=name).first()
+
+
+def node_last_seen(nodes) -> dict[str, dt.datetime | None]:
+    """Last heartbeat of each node: the liveness store's, or the stored copy."""
+    seen = liveness.store().seen_all()
+    result = {}
+    for node in nodes:
+        ts = seen.get(node.name)
+        result[node.name] = dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc) if ts else node.last_heartbeat_at
+    return result
+
+
+def node_desired_state(*, node_name: str, version: int) -> dict[str, Any]:
+    """What the node should run. Empty until replicas are scheduled on it."""
+    return {"version": version, "members": []}
+
+
+def fabric_list() -> QuerySet[Fabric]:
+    return Fabric.objects.prefetch_related("nodes")
+
+
+def event_list(*, node: str | None = None, kind: str | None = None, since: dt.datetime | None = None):
+    events = Event.objects.select_related("node")
+    if node:
+        events = events.filter(node__name=node)
+    if kind:
+        events = events.filter(kind=kind)
+    if since:
+        events = events.filter(created_at__gte=since)
+    return events
+
+
+def age_seconds(when: dt.datetime | None) -> float | None:
+    return None if when is None else max(0.0, (timezone.now() - when).total_seconds())
