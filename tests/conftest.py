@@ -1,0 +1,218 @@
+"""Shared fixtures: a test authority, real agent API servers, clean Redis.
+
+The suite runs against PostgreSQL and Redis (``make test`` sets
+``DATABASE_URL``, ``CELERY_BROKER_URL`` and ``LLMGW_REDIS_URL``). Servers
+started here are real processes bound to 127.0.0.1, reading the test database.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+@pytest.fixture(scope="session")
+def pki_dir(tmp_path_factory, django_db_setup, django_db_blocker):
+    """A certificate authority and an agent API server certificate for the session."""
+    from pki import services
+
+    path = tmp_path_factory.mktemp("pki")
+    settings.PKI_DIR = path
+    with django_db_blocker.unblock():
+        services.ca_init(common_name="llmgw test CA")
+        services.cert_issue_server(hosts=["localhost"], ips=["127.0.0.1"], install=True)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Each test starts with an empty liveness store and empty caches."""
+    from nodes import heartbeat, liveness
+    from pki.selectors import revoked_serials
+
+    liveness.store.cache_clear()
+    store = liveness.store()
+    if isinstance(store, liveness.RedisLiveness):
+        store.client.flushdb()
+    heartbeat.forget_cache()
+    revoked_serials.invalidate()
+    yield
+
+
+@pytest.fixture
+def client_cert(pki_dir, tmp_path, django_db_blocker):
+    """issue(node_id) -> (cert path, key path, ca path) for a real client certificate."""
+    from pki import services
+
+    def issue(node_id: str, **kwargs) -> tuple[str, str, str]:
+        with django_db_blocker.unblock():
+            issued = services.cert_issue_client(node_id=node_id, **kwargs)
+        paths = services.bundle_write(issued=issued, out_dir=tmp_path / "certs" / node_id)
+        return str(paths["cert"]), str(paths["key"]), str(paths["ca"])
+
+    return issue
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    """Environment for a control plane process that shares this test's database."""
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=url,
+        LLMGW_PKI_DIR=str(settings.PKI_DIR),
+        LLMGW_DATA_DIR=str(Path(settings.PKI_DIR).parent / "data"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    logs: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.name == "agent-api" else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    def start(self) -> "Server":
+        handle = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        wait_for_port(self.host, self.port, proc=self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def agent_api_factory(pki_dir, transactional_db, tmp_path):
+    """Start real agent API listeners (gunicorn, mTLS) against the test database."""
+    from llmgw_site.agent_server import gunicorn_argv
+    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY
+
+    servers: list[Server] = []
+
+    def make(*, workers: int = 1, threads: int = 4, port: int | None = None, **env: str) -> Server:
+        port = port or free_port()
+        argv = gunicorn_argv(
+            host="127.0.0.1",
+            port=port,
+            certfile=str(pki_dir / SERVER_CERT),
+            keyfile=str(pki_dir / SERVER_KEY),
+            cafile=str(pki_dir / CA_CERT),
+            workers=workers,
+            threads=threads,
+        )
+        server = Server("agent-api", argv, server_env(**env), "127.0.0.1", port, tmp_path / f"agent-api-{port}.log")
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def agent_api(agent_api_factory):
+    return agent_api_factory()
+
+
+def celery_argv(kind: str) -> list[str]:
+    if kind == "worker":
+        return [sys.executable, "-m", "celery", "-A", "llmgw_site", "worker", "--loglevel", "INFO",
+                "--pool", "threads", "--concurrency", "2", "--without-gossip", "--without-mingle"]
+    return [sys.executable, "-m", "celery", "-A", "llmgw_site", "beat", "--loglevel", "INFO"]
+
+
+def mtls_context(cert: str, key: str, ca: str):
+    import ssl
+
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def mtls_client(cert: str, key: str, ca: str, **kwargs):
+    """An httpx client presenting a node's certificate, trusting our authority."""
+    import httpx
+
+    return httpx.Client(verify=mtls_context(cert, key, ca), **kwargs)
+
+
+@pytest.fixture
+def web_factory(pki_dir, transactional_db, tmp_path):
+    """Start the real web process (uvicorn, ASGI) against the test database."""
+    servers: list[Server] = []
+
+    def make(*, port: int | None = None, **env: str) -> Server:
+        port = port or free_port()
+        argv = [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", "127.0.0.1",
+                "--port", str(port), "--no-access-log", "--lifespan", "off"]
+        server = Server("web", argv, server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def admin_token(transactional_db):
+    """An operator API token (what 'llmgw ctl' sends as LLMGW_TOKEN)."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_superuser("admin", "", "admin-password-for-tests")
+    return Token.objects.create(user=user).key
