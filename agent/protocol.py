@@ -11,6 +11,10 @@ be the common name of the client certificate.
 Desired-state long-poll: ``GET /agent/v1/nodes/<node id>/desired?version=N&wait=S``
 answers at once with a ``DesiredState`` when its version differs from N, and
 otherwise when it changes or after S seconds (then with the same version).
+The listener parks such a request without holding a thread, so an agent may
+keep one open at all times. An agent that gets the same version back sooner
+than S should pause a moment before asking again (a server without parking
+answers at once).
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def gunicorn_argv(
         "--bind",
         f"{host}:{port}",
         "--worker-class",
-        "llmgw_site.agent_server.AgentApiWorker",
+        "llmgw_site.agent_watch.AgentApiWatchWorker",
         "--workers",
         str(workers),
         "--threads",

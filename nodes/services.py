@@ -8,9 +8,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from . import liveness
+from . import liveness, watch
 from .choices import LIVE, NODE_TRANSITIONS, EventKind, EventSeverity, NodeStatus
 from .exceptions import InvalidTransition, InventoryRejected, NotFound
 from .models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
@@ -35,7 +36,21 @@ def event_record(
 
 
 def _bump_on_commit(node_name: str) -> None:
-    transaction.on_commit(lambda: liveness.store().bump(node_name))
+    """After commit: invalidate the agent API's cached view of the node and
+    wake its parked desired-state long-poll."""
+
+    def bump():
+        liveness.store().bump(node_name)
+        watch.notify(node_name)
+
+    transaction.on_commit(bump)
+
+
+def node_desired_changed(*, node_name: str) -> None:
+    """What the node should run changed: bump its version (inside the caller's
+    transaction) and tell its agent after commit."""
+    Node.objects.filter(name=node_name).update(desired_version=F("desired_version") + 1)
+    _bump_on_commit(node_name)
 
 
 def node_transition(

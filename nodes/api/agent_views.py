@@ -12,14 +12,16 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from pki.authn import peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
 
 from ..exceptions import InventoryRejected
+from .. import selectors
 from ..heartbeat import HeartbeatInvalid, node_heartbeat
+from ..models import Node
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +97,18 @@ def heartbeat(request, node_id: str):
         logger.warning("agent-api heartbeat rejected node=%s %s", node_id, exc)
         return _error(409, f"{exc}; nothing was stored")
     return JsonResponse(reply)
+
+
+@csrf_exempt
+@require_GET
+def desired(request, node_id: str):
+    """The node's desired state. Long-polls that have nothing new yet were
+    parked by the listener before reaching this view (llmgw_site.agent_watch),
+    so it always answers at once."""
+    refusal = authorize_node(request, node_id)
+    if refusal is not None:
+        return refusal
+    version = Node.objects.filter(name=node_id).values_list("desired_version", flat=True).first()
+    if version is None:
+        return _error(404, f"node {node_id} has not registered yet: send a heartbeat first")
+    return JsonResponse(selectors.node_desired_state(node_name=node_id, version=version))

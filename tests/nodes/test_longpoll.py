@@ -1,0 +1,104 @@
+"""The desired-state long-poll: parked without a thread, woken by a change."""
+
+import threading
+import time
+
+import pytest
+from django.db import transaction
+
+from agent.protocol import example_heartbeat
+from nodes.services import node_desired_changed
+from tests.conftest import mtls_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _register(server, client, node):
+    r = client.post(f"{server.url}/agent/v1/nodes/{node}/heartbeat", json=example_heartbeat(gpus=0, fabric=None).to_dict())
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("liveness", ["redis", "database"])
+def test_change_wakes_parked_longpoll(agent_api_factory, client_cert, liveness):
+    env = {} if liveness == "redis" else {"LLMGW_REDIS_URL": ""}
+    server = agent_api_factory(threads=2, **env)
+    cert, key, ca = client_cert("node01")
+    with mtls_client(cert, key, ca, timeout=20) as client:
+        _register(server, client, "node01")
+        result = {}
+
+        def poll():
+            start = time.monotonic()
+            r = client.get(f"{server.url}/agent/v1/nodes/node01/desired", params={"version": 0, "wait": 15})
+            result.update(status=r.status_code, body=r.json(), elapsed=time.monotonic() - start)
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive(), "the long-poll answered before anything changed"
+        changed_at = time.monotonic()
+        with transaction.atomic():
+            node_desired_changed(node_name="node01")
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+        assert result["status"] == 200
+        assert result["body"]["version"] == 1
+        # Woken by the change, not by the end of its 15 s wait.
+        assert time.monotonic() - changed_at < 5
+
+
+def test_longpoll_times_out_with_same_version_and_stale_version_answers_at_once(agent_api, client_cert):
+    cert, key, ca = client_cert("node01")
+    with mtls_client(cert, key, ca, timeout=20) as client:
+        _register(agent_api, client, "node01")
+        start = time.monotonic()
+        r = client.get(f"{agent_api.url}/agent/v1/nodes/node01/desired", params={"version": 0, "wait": 1})
+        assert r.status_code == 200 and r.json()["version"] == 0
+        assert time.monotonic() - start >= 0.9
+        start = time.monotonic()
+        r = client.get(f"{agent_api.url}/agent/v1/nodes/node01/desired", params={"version": 7, "wait": 10})
+        assert r.json() == {"version": 0, "members": []}
+        assert time.monotonic() - start < 5
+
+
+def test_longpoll_for_another_node_is_refused(agent_api, client_cert):
+    cert, key, ca = client_cert("node01")
+    with mtls_client(cert, key, ca, timeout=20) as client:
+        _register(agent_api, client, "node01")
+        r = client.get(f"{agent_api.url}/agent/v1/nodes/node02/desired", params={"version": 0, "wait": 10})
+    assert r.status_code == 403
+    assert "node01" in r.json()["error"] and "node02" in r.json()["error"]
+
+
+def test_parked_longpolls_hold_no_thread(agent_api_factory, client_cert):
+    """More waiting agents than pool threads, and heartbeats still get through."""
+    server = agent_api_factory(threads=2)
+    nodes = [f"node{i:02d}" for i in range(1, 9)]
+    certs = {n: client_cert(n) for n in nodes}
+    clients = {n: mtls_client(*certs[n], timeout=30) for n in nodes}
+    try:
+        for n in nodes:
+            _register(server, clients[n], n)
+        threads = [
+            threading.Thread(
+                target=lambda n=n: clients[n].get(
+                    f"{server.url}/agent/v1/nodes/{n}/desired", params={"version": 0, "wait": 8}
+                )
+            )
+            for n in nodes[1:]
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        r = clients["node01"].post(
+            f"{server.url}/agent/v1/nodes/node01/heartbeat", json=example_heartbeat(gpus=0, fabric=None).to_dict()
+        )
+        assert r.status_code == 200
+        assert time.monotonic() - start < 2.0
+        assert all(t.is_alive() for t in threads), "the long-polls should still be waiting"
+        for t in threads:
+            t.join(timeout=15)
+    finally:
+        for c in clients.values():
+            c.close()
