@@ -24,4 +24,9 @@ def _beat_schedule(sender, **_kwargs):
             # one is already on its way.
             "options": {"expires": sweep},
         },
+        "replicas-reconcile": {
+            "task": "replicas.tasks.replicas_reconcile",
+            "schedule": settings.LLMGW_RECONCILE_INTERVAL,
+            "options": {"expires": settings.LLMGW_RECONCILE_INTERVAL},
+        },
     }

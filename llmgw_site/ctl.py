@@ -60,6 +60,27 @@ def add_ctl_parser(sub) -> None:
     events.add_argument("--limit", type=int, default=50)
     _output_flag(events)
     events.set_defaults(func=_events)
+    apply = ctl_sub.add_parser("apply", help="apply a catalog.yaml: create and update models (--prune removes others)")
+    apply.add_argument("-f", "--file", required=True, help="catalog.yaml ('-' for standard input)")
+    apply.add_argument("--prune", action="store_true", help="remove models the file does not list")
+    apply.set_defaults(func=_apply)
+    scale = ctl_sub.add_parser("scale", help="set a model's replica count")
+    scale.add_argument("model")
+    scale.add_argument("replicas", type=int)
+    scale.set_defaults(func=_scale)
+    models = ctl_sub.add_parser("models", help="the catalog, with replica counts and why any cannot be placed")
+    _output_flag(models)
+    models.set_defaults(func=_models)
+    replicas = ctl_sub.add_parser("replicas", help="replicas and their members (node, rank, GPUs, ports, state)")
+    replicas.add_argument("--model")
+    replicas.add_argument("--all", action="store_true", help="include stopped replicas")
+    _output_flag(replicas)
+    replicas.set_defaults(func=_replicas)
+    drain = ctl_sub.add_parser("drain", help="move every replica off a node, one at a time")
+    drain.add_argument("node")
+    drain.add_argument("--wait", action="store_true", help="wait until the node is drained (or the drain is blocked)")
+    drain.add_argument("--timeout", type=float, default=600)
+    drain.set_defaults(func=_drain)
     fabrics = ctl_sub.add_parser("fabrics", help="list fabrics and their nodes")
     _output_flag(fabrics)
     fabrics.set_defaults(func=_fabrics)
@@ -75,6 +96,10 @@ def run_ctl(func, args) -> int:
     except CtlError as exc:
         print(f"llmgw: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # 'llmgw ctl ... | head': the reader has gone, which is not an error.
+        sys.stderr.close()
+        return 0
 
 
 # --- tables -------------------------------------------------------------------
@@ -104,7 +129,18 @@ def _local(args):
     from .cli import ensure_migrated, setup_django
 
     setup_django(getattr(args, "data_dir", None))
-    ensure_migrated()
+    from django.conf import settings
+    from django.db import OperationalError
+
+    try:
+        ensure_migrated()
+    except OperationalError as exc:
+        db = settings.DATABASES["default"]
+        where = db["NAME"] if db["ENGINE"].endswith("sqlite3") else f"{db.get('HOST') or 'localhost'}:{db.get('PORT') or ''}/{db['NAME']}"
+        raise CtlError(
+            f"cannot reach the database at {where} ({str(exc).strip().splitlines()[-1]}); "
+            "'ctl cert' records certificates there: check DATABASE_URL"
+        ) from exc
     from pki import services
 
     return services
@@ -276,3 +312,88 @@ def _fabrics(args) -> int:
         return 0
     print_table(["fabric", "nodes"], [[f["name"], ", ".join(f["nodes"])] for f in fabrics])
     return 0
+
+
+def _apply(args) -> int:
+    import yaml
+
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        document = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise CtlError(f"{args.file} is not valid YAML: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("models", []), list):
+        raise CtlError(f"{args.file}: expected a mapping with a 'models' list")
+    result = api_call("POST", "/api/v1/catalog/apply/", json={"models": document.get("models", []), "prune": args.prune})
+    for verb in ("created", "updated", "unchanged", "removed"):
+        for name in result.get(verb, []):
+            print(f"{name} {verb}")
+    return 0
+
+
+def _scale(args) -> int:
+    model = api_call("POST", f"/api/v1/models/{args.model}/scale/", json={"replicas": args.replicas})
+    print(f"{model['name']} scaled to {model['replicas']}")
+    return 0
+
+
+def _models(args) -> int:
+    models = api_call("GET", "/api/v1/models/")
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(models)
+        return 0
+    rows = []
+    for m in models:
+        counts = m["replica_counts"]
+        notes = m["never_fits_reason"] or "; ".join(m["pending_reasons"])
+        rows.append([m["name"], m["engine"], f"{m['nodes']}x{m['gpus_per_node']}", m["replicas"],
+                     counts.get("ready", 0), counts.get("pending", 0), notes])
+    print_table(["model", "engine", "shape", "want", "ready", "pending", "notes"], rows)
+    return 0
+
+
+def _replicas(args) -> int:
+    params = {}
+    if args.model:
+        params["model"] = args.model
+    if args.all:
+        params["all"] = "1"
+    replicas = api_call("GET", "/api/v1/replicas/", params=params)
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(replicas)
+        return 0
+    rows = []
+    for r in replicas:
+        where = " ".join(f"{m['node']}[{','.join(map(str, m['gpus']))}]" for m in r["members"]) or "-"
+        note = r["pending_reason"] if r["status"] == "pending" else r["status_reason"]
+        rows.append([r["id"], r["model"], r["status"] + (" (draining)" if r["draining"] else ""),
+                     r["fabric"] or "-", where, note])
+    print_table(["replica", "model", "state", "fabric", "members", "why"], rows)
+    return 0
+
+
+def _drain(args) -> int:
+    import time
+
+    drain = api_call("POST", "/api/v1/drains/", json={"node": args.node})
+    print(f"draining {args.node}: {drain['remaining']} replica(s) to move")
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        drain = api_call("GET", f"/api/v1/drains/{drain['id']}/")
+        for line in drain["log"][seen:]:
+            print(f"  {line}")
+        seen = len(drain["log"])
+        if drain["status"] == "done":
+            return 0
+        if drain["status"] == "blocked":
+            print(f"the drain of {args.node} is blocked; the replicas that cannot move keep running")
+            return 1
+        time.sleep(1)
+    raise CtlError(f"the drain of {args.node} did not finish in {args.timeout:.0f}s; 'llmgw ctl replicas' shows where it is")

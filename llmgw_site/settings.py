@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "pki",
     "nodes",
+    "replicas",
 ]
 
 if ROLE == "agent-api":
@@ -161,9 +162,17 @@ LLMGW_REDIS_URL = env.str("LLMGW_REDIS_URL", default=_redis_default)
 LLMGW_NODE_GRACE = env.float("LLMGW_NODE_GRACE", default=60.0)
 LLMGW_HEARTBEAT_INTERVAL = env.float("LLMGW_HEARTBEAT_INTERVAL", default=5.0)
 LLMGW_SWEEP_INTERVAL = env.float("LLMGW_SWEEP_INTERVAL", default=2.0)
+# The periodic reconcile; changes also trigger one at once.
+LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)
+# Ports given to engines on each node (HTTP and rendezvous of each leader).
+LLMGW_PORT_MIN = env.int("LLMGW_PORT_MIN", default=20000)
+LLMGW_PORT_MAX = env.int("LLMGW_PORT_MAX", default=29999)
 # A gap this long in the control plane's own hearing (agent API or sweep not
 # running) gives every node a fresh grace period.
 LLMGW_DEAF_AFTER = env.float("LLMGW_DEAF_AFTER", default=max(5.0, 3 * LLMGW_SWEEP_INTERVAL))
+# More than this fraction of live nodes silent at once (and at least two) looks
+# like the control plane's own network: failovers are held. 1 disables.
+LLMGW_MASS_SILENCE_FRACTION = env.float("LLMGW_MASS_SILENCE_FRACTION", default=0.5)
 LLMGW_MAX_HEARTBEAT_BYTES = env.int("LLMGW_MAX_HEARTBEAT_BYTES", default=256 * 1024)
 LLMGW_REVOCATION_CACHE_SECONDS = env.float("LLMGW_REVOCATION_CACHE_SECONDS", default=1.0)
 LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)

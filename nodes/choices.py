@@ -36,6 +36,11 @@ class EventKind(models.TextChoices):
     NODE_REFUSED = "node.refused"
     CONTROL_PLANE = "control_plane"
     CERTIFICATE = "certificate"
+    MODEL = "model"
+    REPLICA_STATUS = "replica.status"
+    REPLICA_PENDING = "replica.pending"
+    REPLICA_MEMBER = "replica.member"
+    DRAIN = "drain"
 
 
 class EventSeverity(models.TextChoices):

@@ -130,3 +130,5 @@ class ControlPlaneClock(models.Model):
     # Written every second by each agent API process (embedded default only;
     # production keeps it in Redis).
     listener_alive_at = models.DateTimeField(null=True, blank=True)
+    # Set while most nodes are silent at once and failovers are held.
+    holding_since = models.DateTimeField(null=True, blank=True)

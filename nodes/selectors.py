@@ -35,8 +35,23 @@ def node_last_seen(nodes) -> dict[str, dt.datetime | None]:
 
 
 def node_desired_state(*, node_name: str, version: int) -> dict[str, Any]:
-    """What the node should run. Empty until replicas are scheduled on it."""
-    return {"version": version, "members": []}
+    """What the node should run, from the apps that place work on nodes."""
+    from . import hooks
+
+    members: list[dict[str, Any]] = []
+    for provider in hooks.desired_member_providers:
+        members.extend(provider(node_name=node_name))
+    return {"version": version, "members": members}
+
+
+def node_replica_counts() -> dict[str, int]:
+    from . import hooks
+
+    counts: dict[str, int] = {}
+    for counter in hooks.replica_counters:
+        for name, count in counter().items():
+            counts[name] = counts.get(name, 0) + count
+    return counts
 
 
 def fabric_list() -> QuerySet[Fabric]:

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import liveness, watch
+from . import hooks, liveness, watch
 from .choices import LIVE, NODE_TRANSITIONS, EventKind, EventSeverity, NodeStatus
 from .exceptions import InvalidTransition, InventoryRejected, NotFound
 from .models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
@@ -192,6 +192,8 @@ def node_heartbeat_apply(
             node.engines = engines
             node.last_heartbeat_at = now
             node.save()
+            for handler in hooks.engine_report_handlers:
+                handler(node=node, engines=engines)
     except IntegrityError as exc:
         raise InventoryRejected(f"inventory conflicts with what is stored: {exc}") from exc
     if node.status in (NodeStatus.REGISTERED, NodeStatus.LOST):
@@ -240,6 +242,36 @@ def _clock_update(now: dt.datetime) -> dt.datetime | None:
     return clock.heard_since
 
 
+def _mass_silence(*, overdue: int, live: int, now: dt.datetime) -> bool:
+    """Most nodes going silent at the same moment is more likely our own
+    network than a mass death: hold failovers and say so loudly (Kubernetes
+    stops evicting when a whole zone looks unhealthy, for the same reason)."""
+    fraction = settings.LLMGW_MASS_SILENCE_FRACTION
+    holding = 0 < fraction < 1 and overdue >= 2 and overdue > fraction * live
+    with transaction.atomic():
+        clock = ControlPlaneClock.objects.select_for_update().get(pk=1)
+        if holding and clock.holding_since is None:
+            clock.holding_since = now
+            event_record(
+                kind=EventKind.CONTROL_PLANE,
+                subject="control-plane",
+                message=f"{overdue} of {live} nodes went silent at once: suspecting the control plane's "
+                "own network rather than the nodes, so no node is declared lost and no replica is "
+                "failed over. Check the network between the control plane and the nodes; if the "
+                "nodes really are down, set LLMGW_MASS_SILENCE_FRACTION=1 to let failover proceed",
+                severity=EventSeverity.ERROR,
+            )
+        elif not holding and clock.holding_since is not None:
+            clock.holding_since = None
+            event_record(
+                kind=EventKind.CONTROL_PLANE,
+                subject="control-plane",
+                message=f"no longer holding failovers ({overdue} of {live} nodes silent)",
+            )
+        clock.save(update_fields=["holding_since"])
+    return holding
+
+
 def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
     """Mark nodes unheard for longer than the grace period as lost.
 
@@ -252,17 +284,25 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
         return []
     store = liveness.store()
     seen = store.seen_all()
-    lost = []
     stale_copies = []
+    overdue = []
+    live = 0
     for node in Node.objects.filter(status__in=LIVE).only("id", "name", "status", "last_heartbeat_at", "status_changed_at"):
+        live += 1
         last_ts = seen.get(node.name)
         last = timezone.datetime.fromtimestamp(last_ts, tz=dt.timezone.utc) if last_ts else node.last_heartbeat_at
         if last and (node.last_heartbeat_at is None or last - node.last_heartbeat_at > dt.timedelta(seconds=30)):
             node.last_heartbeat_at = last
             stale_copies.append(node)
         reference = max(filter(None, [last, node.status_changed_at, heard_since]))
-        if now - reference <= grace:
-            continue
+        if now - reference > grace:
+            overdue.append((node, last))
+    if stale_copies:
+        Node.objects.bulk_update(stale_copies, ["last_heartbeat_at"], batch_size=500)
+    if _mass_silence(overdue=len(overdue), live=live, now=now):
+        return []
+    lost = []
+    for node, last in overdue:
         # A heartbeat may have landed since seen_all(): look once more.
         latest = store.seen(node.name)
         if latest and now.timestamp() - latest <= grace.total_seconds():
@@ -277,6 +317,6 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
         )
         if changed is not None:
             lost.append(node.name)
-    if stale_copies:
-        Node.objects.bulk_update(stale_copies, ["last_heartbeat_at"], batch_size=500)
+            for handler in hooks.node_lost_handlers:
+                handler(node_name=node.name)
     return lost

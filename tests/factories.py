@@ -63,3 +63,27 @@ class EventFactory(factory.django.DjangoModelFactory):
     kind = "node.status"
     subject = "node/node01"
     message = "something happened"
+
+
+def node_with_gpus(name: str, *, gpus: int = 8, fabric: str | None = None, hcas=("mlx5_0", "mlx5_1"), addr="127.0.1.1"):
+    """A ready node with its GPUs and, when in a fabric, its HCAs."""
+    node = NodeFactory(name=name, mgmt_addr=addr, fabrics=[fabric] if fabric else [])
+    for i in range(gpus):
+        GpuFactory(node=node, index=i, uuid=f"GPU-{name}-{i:02d}")
+    if fabric:
+        for hca in hcas:
+            HcaFactory(node=node, name=hca, fabric=FabricFactory(name=fabric))
+    return node
+
+
+class ModelFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "replicas.Model"
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"model-{n}")
+    engine = "sim"
+    weights = "/models/sim"
+    nodes = 1
+    gpus_per_node = 1
+    replicas = 1

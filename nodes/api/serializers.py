@@ -46,8 +46,7 @@ class NodeSerializer(serializers.ModelSerializer):
         return age_seconds(self._seen(node))
 
     def get_replicas(self, node) -> int:
-        # Replicas arrive with the scheduler; until then a node holds none.
-        return 0
+        return self.context.get("replica_counts", {}).get(node.name, 0)
 
 
 class FabricSerializer(serializers.ModelSerializer):

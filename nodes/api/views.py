@@ -19,6 +19,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         context = super().get_serializer_context()
         if self.action in ("list", "retrieve", "cordon", "uncordon"):
             context["last_seen"] = selectors.node_last_seen(self.get_queryset())
+            context["replica_counts"] = selectors.node_replica_counts()
         return context
 
     @extend_schema(request=None, responses=NodeSerializer)

@@ -1,0 +1,103 @@
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import catalog, drain, selectors
+from .serializers import (
+    CatalogApplySerializer,
+    DrainCreateSerializer,
+    DrainSerializer,
+    ModelSerializer,
+    ModelWriteSerializer,
+    ReplicaSerializer,
+    ScaleSerializer,
+)
+
+
+def _catalog_error(exc: catalog.CatalogInvalid) -> Response:
+    return Response({"detail": "the catalog was not changed: " + "; ".join(exc.errors), "errors": exc.errors},
+                    status=status.HTTP_400_BAD_REQUEST)
+
+
+class ModelViewSet(viewsets.ModelViewSet):
+    """The catalog. Writes go through the same service as 'llmgw ctl apply'."""
+
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+(?:/[^/]+)*?"
+
+    def get_queryset(self):
+        return selectors.model_list()
+
+    def get_serializer_class(self):
+        return ModelWriteSerializer if self.action in ("create", "update", "partial_update") else ModelSerializer
+
+    def _upsert(self, data):
+        try:
+            catalog.catalog_upsert(entry=data)
+        except catalog.CatalogInvalid as exc:
+            return _catalog_error(exc)
+        model = self.get_queryset().get(name=data["name"])
+        return Response(ModelSerializer(model).data)
+
+    @extend_schema(responses=ModelSerializer)
+    def create(self, request, *args, **kwargs):
+        response = self._upsert(request.data)
+        if response.status_code == 200:
+            response.status_code = status.HTTP_201_CREATED
+        return response
+
+    @extend_schema(responses=ModelSerializer)
+    def update(self, request, *args, **kwargs):
+        current = ModelSerializer(self.get_object()).data
+        data = {k: current[k] for k in ModelWriteSerializer.Meta.fields}
+        data.update(request.data)
+        data["name"] = kwargs["name"]
+        return self._upsert(data)
+
+    def destroy(self, request, *args, **kwargs):
+        catalog.model_remove(name=kwargs["name"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=ScaleSerializer, responses=ModelSerializer)
+    @action(detail=True, methods=["post"])
+    def scale(self, request, name=None):
+        serializer = ScaleSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        catalog.model_scale(name=name, replicas=serializer.validated_data["replicas"])
+        return Response(ModelSerializer(self.get_queryset().get(name=name)).data)
+
+
+class CatalogApplyView(APIView):
+    @extend_schema(request=CatalogApplySerializer, responses={200: dict})
+    def post(self, request):
+        serializer = CatalogApplySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            result = catalog.catalog_apply(**serializer.validated_data)
+        except catalog.CatalogInvalid as exc:
+            return _catalog_error(exc)
+        return Response(result)
+
+
+class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = ReplicaSerializer
+
+    def get_queryset(self):
+        params = self.request.query_params
+        return selectors.replica_list(model=params.get("model"), include_stopped=params.get("all") == "1")
+
+
+class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = DrainSerializer
+
+    def get_queryset(self):
+        return selectors.drain_list(node=self.request.query_params.get("node"))
+
+    @extend_schema(request=DrainCreateSerializer, responses=DrainSerializer)
+    def create(self, request, *args, **kwargs):
+        serializer = DrainCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        started = drain.drain_start(node_name=serializer.validated_data["node"])
+        return Response(DrainSerializer(started).data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class ReplicasConfig(AppConfig):
+    name = "replicas"
+
+    def ready(self) -> None:
+        from nodes import hooks
+
+        from . import selectors, services
+
+        hooks.engine_report_handlers.append(services.members_report)
+        hooks.node_lost_handlers.append(services.replicas_node_lost)
+        hooks.desired_member_providers.append(selectors.node_desired_members)
+        hooks.replica_counters.append(selectors.node_replica_counts)

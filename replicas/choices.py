@@ -1,0 +1,45 @@
+from django.db import models
+
+
+class Engine(models.TextChoices):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    SIM = "sim"
+
+
+class ReplicaStatus(models.TextChoices):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+REPLICA_TRANSITIONS: dict[str, set[str]] = {
+    ReplicaStatus.PENDING: {ReplicaStatus.SCHEDULED, ReplicaStatus.STOPPED},
+    ReplicaStatus.SCHEDULED: {ReplicaStatus.STARTING, ReplicaStatus.FAILED, ReplicaStatus.STOPPING},
+    ReplicaStatus.STARTING: {ReplicaStatus.READY, ReplicaStatus.FAILED, ReplicaStatus.STOPPING},
+    ReplicaStatus.READY: {ReplicaStatus.STOPPING, ReplicaStatus.FAILED},
+    ReplicaStatus.STOPPING: {ReplicaStatus.STOPPED},
+    # A failed replica's members are reaped (stopped, GPUs freed); then it is stopped.
+    ReplicaStatus.FAILED: {ReplicaStatus.STOPPED},
+    ReplicaStatus.STOPPED: set(),
+}
+
+# Holding GPUs and running (or about to run) on nodes.
+PLACED = frozenset({ReplicaStatus.SCHEDULED, ReplicaStatus.STARTING, ReplicaStatus.READY})
+# Counted toward a model's desired replica count.
+WANTED = frozenset({ReplicaStatus.PENDING, *PLACED})
+# Whose members are still wanted on their nodes.
+RUNNING_MEMBERS = PLACED
+TERMINAL = frozenset({ReplicaStatus.STOPPED})
+
+
+class MemberState(models.TextChoices):
+    PENDING = "pending"  # in the node's desired state, not reported yet
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+    GONE = "gone"  # no longer on the node: its GPUs and ports are free

@@ -1,0 +1,55 @@
+"""From a placed member to what its agent runs: the engine adapters of
+``replicas.engines`` fed with the node's inventory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodes.models import Node
+
+from .models import Member, Model
+
+
+def member_launch(
+    *,
+    model: Model,
+    member: Member,
+    node: Node,
+    fabric: str | None,
+    leader: Node,
+    http_port: int,
+    rendezvous_port: int,
+) -> dict[str, Any]:
+    from .engines import LaunchInput, launch_spec
+
+    hcas = sorted(h.name for h in node.hcas.all() if fabric and h.fabric and h.fabric.name == fabric)
+    spec = launch_spec(
+        LaunchInput(
+            model=model.name,
+            engine=model.engine,
+            weights=model.weights,
+            nodes=model.nodes,
+            gpus_per_node=model.gpus_per_node,
+            args=list(model.args or []),
+            env=dict(model.env or {}),
+            rank=member.rank,
+            mgmt_addr=node.mgmt_addr,
+            mgmt_interface=node.mgmt_interface,
+            fabric=fabric,
+            hcas=hcas,
+            gpus=list(member.gpus),
+            leader_addr=leader.mgmt_addr,
+            http_port=http_port,
+            rendezvous_port=rendezvous_port,
+        )
+    )
+    health_url = None
+    if spec.serves_http and spec.health_path:
+        health_url = f"http://{node.mgmt_addr}:{http_port}{spec.health_path}"
+    return {
+        "argv": list(spec.argv),
+        "env": dict(spec.env),
+        "ports": dict(spec.ports),
+        "serves_http": spec.serves_http,
+        "health_url": health_url,
+    }

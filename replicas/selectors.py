@@ -1,0 +1,66 @@
+"""Reads about models, replicas and members."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.db.models import Prefetch
+
+from .choices import PLACED, MemberState
+from .models import Drain, Member, Model, Replica
+
+
+def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
+    """The members a node should run: those of its placed replicas."""
+    members = (
+        Member.objects.filter(node__name=node_name, replica__status__in=PLACED)
+        .exclude(state=MemberState.GONE)
+        .select_related("replica__model")
+        .order_by("replica_id", "rank")
+    )
+    return [
+        {
+            "member": m.member_id,
+            "replica": str(m.replica_id),
+            "model": m.replica.model.name,
+            "rank": m.rank,
+            "engine": m.replica.model.engine,
+            "argv": m.argv,
+            "env": m.env,
+            "gpus": m.gpus,
+            "ports": m.ports,
+            "serves_http": m.serves_http,
+            "health_url": m.health_url or None,
+        }
+        for m in members
+    ]
+
+
+def node_replica_counts() -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for node_name in (
+        Member.objects.filter(replica__status__in=PLACED).exclude(state=MemberState.GONE).values_list("node__name", flat=True)
+    ):
+        counts[node_name] += 1
+    return dict(counts)
+
+
+def replica_list(*, model: str | None = None, include_stopped: bool = False):
+    replicas = Replica.objects.select_related("model", "fabric").prefetch_related(
+        Prefetch("members", queryset=Member.objects.select_related("node").order_by("rank"))
+    )
+    if model:
+        replicas = replicas.filter(model__name=model)
+    if not include_stopped:
+        replicas = replicas.exclude(status="stopped")
+    return replicas.order_by("model__name", "id")
+
+
+def model_list():
+    return Model.objects.prefetch_related("replica_set")
+
+
+def drain_list(*, node: str | None = None):
+    drains = Drain.objects.select_related("node", "current")
+    return drains.filter(node__name=node) if node else drains

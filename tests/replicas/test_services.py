@@ -1,0 +1,191 @@
+"""Scheduling persisted, the lifecycle driven by agent reports, failure,
+rebuild and drain, through the services on PostgreSQL."""
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from nodes.choices import NodeStatus
+from nodes.models import Event
+from nodes.services import node_transition
+from replicas import drain, reconcile, services
+from replicas.choices import MemberState, ReplicaStatus
+from replicas.models import GpuAllocation, Member, PortAllocation, Replica
+from replicas.scheduling import replicas_schedule_pending
+from tests.factories import ModelFactory, node_with_gpus
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_celery(monkeypatch):
+    """Tasks enqueued on commit run inline here; the worker is tested elsewhere."""
+    from replicas import tasks
+
+    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+
+
+@pytest.fixture
+def seeds_cluster():
+    return {
+        "node01": node_with_gpus("node01", fabric="ib-a", addr="127.0.1.1"),
+        "node02": node_with_gpus("node02", fabric="ib-a", addr="127.0.1.2"),
+        "node03": node_with_gpus("node03", fabric="ib-b", addr="127.0.1.3"),
+        "node04": node_with_gpus("node04", fabric="ib-b", addr="127.0.1.4"),
+    }
+
+
+def _report(node, **states):
+    """An agent report: member id -> (state, healthy)."""
+    engines = []
+    for member in Member.objects.filter(node=node).exclude(state=MemberState.GONE):
+        state, healthy = states.get(member.member_id, ("running", True))
+        if state is None:
+            continue
+        engines.append({"member": member.member_id, "replica": str(member.replica_id), "rank": member.rank,
+                        "state": state, "pid": 100 + member.pk, "exit_code": 1 if state == "exited" else None,
+                        "healthy": healthy, "log_tail": ["NCCL error: remote process exited"] if state == "exited" else []})
+    with transaction.atomic():
+        services.members_report(node=node, engines=engines)
+
+
+def _placement(replica):
+    return {m.node.name: m.gpus for m in replica.members.select_related("node")}
+
+
+def test_seeds_scenario_one_replica_per_fabric_then_rebuild_on_the_other(seeds_cluster):
+    model = ModelFactory(name="llama-70b", nodes=2, gpus_per_node=4, replicas=2)
+    reconcile.replicas_reconcile()
+    replicas = list(Replica.objects.filter(model=model).order_by("id"))
+    assert [r.status for r in replicas] == [ReplicaStatus.SCHEDULED] * 2
+    by_fabric = {r.fabric.name: _placement(r) for r in replicas}
+    assert set(by_fabric["ib-a"]) == {"node01", "node02"}
+    assert set(by_fabric["ib-b"]) == {"node03", "node04"}
+    assert all(len(gpus) == 4 for p in by_fabric.values() for gpus in p.values())
+
+    for node in seeds_cluster.values():
+        _report(node)
+    for node in seeds_cluster.values():
+        _report(node)
+    assert set(Replica.objects.values_list("status", flat=True)) == {ReplicaStatus.READY}
+
+    ib_a = Replica.objects.get(fabric__name="ib-a")
+    node_transition(node_name="node02", to=NodeStatus.LOST, reason="test")
+    services.replicas_node_lost(node_name="node02")
+    ib_a.refresh_from_db()
+    assert ib_a.status == ReplicaStatus.FAILED
+    # node01's member is reaped: out of its desired state, GPUs freed once its agent stops it.
+    from replicas.selectors import node_desired_members
+
+    assert node_desired_members(node_name="node01") == []
+    _report(seeds_cluster["node01"], **{m.member_id: (None, False) for m in ib_a.members.all()})
+    ib_a.refresh_from_db()
+    assert ib_a.status == ReplicaStatus.STOPPED
+    assert not GpuAllocation.objects.filter(member__replica=ib_a).exists()
+
+    reconcile.replicas_reconcile()
+    replacement = Replica.objects.filter(model=model, status=ReplicaStatus.SCHEDULED).get()
+    assert replacement.fabric.name == "ib-b"
+    assert set(_placement(replacement)) == {"node03", "node04"}
+    # node01 sits idle rather than being paired across fabrics.
+    assert not Member.objects.filter(node__name="node01").exclude(state=MemberState.GONE).exists()
+
+
+def test_fabric_less_node_never_gets_a_multi_node_member():
+    node_with_gpus("island1")
+    node_with_gpus("island2")
+    ModelFactory(name="big", nodes=2, gpus_per_node=4, replicas=1)
+    ModelFactory(name="small", nodes=1, gpus_per_node=4, replicas=2)
+    reconcile.replicas_reconcile()
+    big = Replica.objects.get(model__name="big")
+    assert big.status == ReplicaStatus.PENDING
+    assert "fabric" in big.pending_reason
+    assert Replica.objects.filter(model__name="small", status=ReplicaStatus.SCHEDULED).count() == 2
+    assert Event.objects.filter(kind="replica.pending", subject=f"replica/{big.pk}").exists()
+
+
+def test_gpu_cannot_be_allocated_twice():
+    node = node_with_gpus("node01", gpus=1)
+    ModelFactory(name="m", replicas=1)
+    reconcile.replicas_reconcile()
+    member = Member.objects.get()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        GpuAllocation.objects.create(gpu=node.gpus.get(), member=member, node=node)
+
+
+def test_leader_ports_allocated_without_collision_and_freed():
+    node_with_gpus("node01", gpus=8)
+    ModelFactory(name="m", replicas=4, gpus_per_node=2)
+    reconcile.replicas_reconcile()
+    ports = list(PortAllocation.objects.values_list("port", flat=True))
+    assert len(ports) == 8 and len(set(ports)) == 8
+    for member in Member.objects.all():
+        assert member.ports["http"] in ports
+        assert member.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, member.gpus))
+
+
+def test_exited_member_fails_replica_and_replacement_is_scheduled(seeds_cluster):
+    ModelFactory(name="m", nodes=2, gpus_per_node=8, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get()
+    worker = replica.members.get(rank=1)
+    _report(worker.node, **{worker.member_id: ("exited", False)})
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.FAILED
+    assert "exited with status 1" in replica.status_reason
+    reconcile.replicas_reconcile()
+    assert Replica.objects.filter(status=ReplicaStatus.SCHEDULED).count() == 1
+
+
+def test_scale_down_stops_newest(seeds_cluster):
+    from replicas.catalog import model_scale
+
+    ModelFactory(name="m", replicas=3)
+    reconcile.replicas_reconcile()
+    model_scale(name="m", replicas=1)
+    reconcile.replicas_reconcile()
+    statuses = list(Replica.objects.order_by("id").values_list("status", flat=True))
+    assert statuses == [ReplicaStatus.SCHEDULED, ReplicaStatus.STOPPING, ReplicaStatus.STOPPING]
+
+
+def test_drain_moves_one_at_a_time_replacement_ready_first(seeds_cluster):
+    ModelFactory(name="m", nodes=1, gpus_per_node=8, replicas=2)
+    reconcile.replicas_reconcile()
+    for node in seeds_cluster.values():
+        _report(node)
+        _report(node)
+    victim_node = Member.objects.order_by("id").first().node
+    started = drain.drain_start(node_name=victim_node.name)
+    reconcile.replicas_reconcile()
+    original = Replica.objects.get(draining=True)
+    # The replacement is scheduled elsewhere; the original keeps running until it is ready.
+    replacement = Replica.objects.get(status=ReplicaStatus.SCHEDULED)
+    assert victim_node.name not in _placement(replacement)
+    assert Replica.objects.get(pk=original.pk).status == ReplicaStatus.READY
+    reconcile.replicas_reconcile()
+    assert Replica.objects.get(pk=original.pk).status == ReplicaStatus.READY
+    for node in seeds_cluster.values():
+        _report(node)
+        _report(node)
+    reconcile.replicas_reconcile()
+    assert Replica.objects.get(pk=original.pk).status == ReplicaStatus.STOPPING
+    _report(victim_node, **{m.member_id: (None, False) for m in original.members.all()})
+    reconcile.replicas_reconcile()
+    started.refresh_from_db()
+    victim_node.refresh_from_db()
+    assert started.status == "done"
+    assert victim_node.status == NodeStatus.DRAINED
+
+
+def test_drain_blocked_when_nothing_can_take_the_replica():
+    node_with_gpus("node01", fabric="ib-a")
+    ModelFactory(name="m", gpus_per_node=8, replicas=1)
+    reconcile.replicas_reconcile()
+    _report(Member.objects.get().node)
+    _report(Member.objects.get().node)
+    started = drain.drain_start(node_name="node01")
+    reconcile.replicas_reconcile()
+    reconcile.replicas_reconcile()
+    started.refresh_from_db()
+    assert started.status == "blocked"
+    assert any("keeps running" in line for line in started.log)
+    assert Replica.objects.get(draining=True).status == ReplicaStatus.READY
