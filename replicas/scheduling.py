@@ -49,7 +49,9 @@ def _orphaned_nodes(nodes: list[Node]) -> set[str]:
 
 
 def cluster_snapshot() -> scheduler.ClusterSnapshot:
-    nodes = list(Node.objects.exclude(status=NodeStatus.LOST).only("id", "name", "status", "engines"))
+    # Lost nodes too, unschedulable: a reason names them, and never_fits must
+    # not call a shape impossible while a node is only away.
+    nodes = list(Node.objects.only("id", "name", "status", "engines"))
     by_id = {n.id: n for n in nodes}
     fabrics = defaultdict(list)
     for node_id, fabric in Node.fabrics.through.objects.values_list("node_id", "fabric__name"):
