@@ -11,7 +11,7 @@ TEST_ENV := DATABASE_URL=postgres://postgres@127.0.0.1:5432/llmgw \
 	LLMGW_REDIS_URL=redis://127.0.0.1:6379/15 \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
 
-.PHONY: up test venv bench-heartbeats clean
+.PHONY: up test venv demo bench-heartbeats clean
 
 # Targets of later capabilities live beside this file, one file each.
 -include mk/*.mk
@@ -39,3 +39,7 @@ bench-heartbeats: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var
+
+# The first thing to run on a fresh machine: llmgw with a simulated cluster.
+demo: $(STAMP)
+	$(VENV)/bin/llmgw demo

@@ -36,6 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--agent-workers", type=int, default=2)
     up.set_defaults(func=_cmd_up)
 
+    demo = sub.add_parser("demo", help="llmgw with a simulated four-node cluster, in the foreground")
+    demo.add_argument("--data-dir", default=None, help="default $LLMGW_DATA_DIR or ./var/demo")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--web-port", type=int, default=8000)
+    demo.add_argument("--agent-port", type=int, default=7443)
+    demo_sub = demo.add_subparsers(dest="demo_command")
+    kill = demo_sub.add_parser("kill", help="kill a simulated node: its agent and its engines")
+    kill.add_argument("node")
+    kill.add_argument("--data-dir", default=None)
+    demo.set_defaults(func=_cmd_demo)
+
     from .ctl import add_ctl_parser
 
     add_ctl_parser(sub)
@@ -72,6 +83,16 @@ def _cmd_up(args) -> int:
     return run_up(
         host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers
     )
+
+
+def _cmd_demo(args) -> int:
+    data_dir = args.data_dir or os.environ.get("LLMGW_DATA_DIR") or "var/demo"
+    setup_django(data_dir)
+    from . import demo
+
+    if args.demo_command == "kill":
+        return demo.kill_node(name=args.node, host=args.host, agent_port=args.agent_port)
+    return demo.run_demo(host=args.host, web_port=args.web_port, agent_port=args.agent_port)
 
 
 def print_json(value) -> None:

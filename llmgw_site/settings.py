@@ -165,6 +165,11 @@ LLMGW_SWEEP_INTERVAL = env.float("LLMGW_SWEEP_INTERVAL", default=2.0)
 # The periodic reconcile; changes also trigger one at once.
 LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)
 # Ports given to engines on each node (HTTP and rendezvous of each leader).
+# A stopping replica (scaled down, drained) leaves the routing table at once and
+# keeps running until its in-flight requests finish, at most this long.
+LLMGW_STOP_GRACE = env.float("LLMGW_STOP_GRACE", default=60.0)
+# How long the gateways take to see a routing change.
+LLMGW_ROUTING_SETTLE = env.float("LLMGW_ROUTING_SETTLE", default=1.5)
 LLMGW_PORT_MIN = env.int("LLMGW_PORT_MIN", default=20000)
 LLMGW_PORT_MAX = env.int("LLMGW_PORT_MAX", default=29999)
 # A gap this long in the control plane's own hearing (agent API or sweep not

@@ -32,8 +32,6 @@ REPLICA_TRANSITIONS: dict[str, set[str]] = {
 PLACED = frozenset({ReplicaStatus.SCHEDULED, ReplicaStatus.STARTING, ReplicaStatus.READY})
 # Counted toward a model's desired replica count.
 WANTED = frozenset({ReplicaStatus.PENDING, *PLACED})
-# Whose members are still wanted on their nodes.
-RUNNING_MEMBERS = PLACED
 TERMINAL = frozenset({ReplicaStatus.STOPPED})
 
 

@@ -50,6 +50,9 @@ class Replica(models.Model):
     fabric = models.ForeignKey(Fabric, on_delete=models.PROTECT, null=True, blank=True, related_name="replicas")
     # Set by a drain: the model gets a replacement, and this one stops once it is ready.
     draining = models.BooleanField(default=False)
+    # A stopping replica keeps running until the gateways have no request in
+    # flight on it (bounded by LLMGW_STOP_GRACE); then its members are stopped.
+    quiesced = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(null=True, blank=True)
 

@@ -13,6 +13,7 @@ from django.db import transaction
 from . import drain
 from .catalog import model_reconcile, model_refresh_fit
 from .models import Model
+from .services import replicas_quiesce
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ def replicas_reconcile() -> None:
     for model_id in list(Model.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
+    replicas_quiesce()
     snapshot = cluster_snapshot()
     for model in Model.objects.all():
         with transaction.atomic():

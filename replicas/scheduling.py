@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from nodes.choices import EventKind, EventSeverity, NodeStatus
 from nodes.models import Fabric, Gpu, Node
@@ -37,7 +38,7 @@ def _orphaned_nodes(nodes: list[Node]) -> set[str]:
     to them until those have stopped."""
     wanted = defaultdict(set)
     for node_name, member_pk in Member.objects.exclude(state=MemberState.GONE).filter(
-        replica__status__in=PLACED
+        Q(replica__status__in=PLACED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=False)
     ).values_list("node__name", "pk"):
         wanted[node_name].add(f"m{member_pk}")
     orphaned = set()

@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 
-from .choices import PLACED, MemberState
+from .choices import PLACED, MemberState, ReplicaStatus
 from .models import Drain, Member, Model, Replica
 
 
 def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
     """The members a node should run: those of its placed replicas."""
     members = (
-        Member.objects.filter(node__name=node_name, replica__status__in=PLACED)
+        Member.objects.filter(node__name=node_name)
+        .filter(Q(replica__status__in=PLACED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=False))
         .exclude(state=MemberState.GONE)
         .select_related("replica__model")
         .order_by("replica_id", "rank")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -26,10 +27,50 @@ class InvalidReplicaTransition(Exception):
     pass
 
 
-def _after_commit_reconcile() -> None:
+def _after_commit_reconcile(countdown: float = 0) -> None:
     from . import tasks
 
-    transaction.on_commit(lambda: tasks.replicas_reconcile.delay())
+    if countdown:
+        transaction.on_commit(lambda: tasks.replicas_reconcile.apply_async(countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.replicas_reconcile.delay())
+
+
+def member_wanted(replica: Replica) -> bool:
+    """Whether a replica's members should still run on their nodes."""
+    return replica.status in PLACED or (replica.status == ReplicaStatus.STOPPING and not replica.quiesced)
+
+
+def _inflight(replica_id: int) -> int:
+    try:
+        from gateway.selectors import replica_inflight
+    except ImportError:
+        return 0
+    return replica_inflight(replica_id)
+
+
+def replicas_quiesce() -> None:
+    """Stop the members of stopping replicas once no request is in flight on
+    them, or once LLMGW_STOP_GRACE has passed, whichever comes first."""
+    now = timezone.now()
+    for replica in Replica.objects.filter(status=ReplicaStatus.STOPPING, quiesced=False):
+        waited = (now - replica.status_changed_at).total_seconds()
+        if waited < settings.LLMGW_ROUTING_SETTLE:
+            continue
+        inflight = _inflight(replica.pk)
+        if inflight and waited < settings.LLMGW_STOP_GRACE:
+            continue
+        with transaction.atomic():
+            if not Replica.objects.filter(pk=replica.pk, quiesced=False).update(quiesced=True):
+                continue
+            for node_name in replica.members.values_list("node__name", flat=True):
+                node_desired_changed(node_name=node_name)
+            if inflight:
+                event_record(
+                    kind=EventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", severity=EventSeverity.WARNING,
+                    message=f"replica {replica.pk} stopped with {inflight} request(s) still in flight after "
+                    f"{settings.LLMGW_STOP_GRACE:.0f}s (LLMGW_STOP_GRACE)",
+                )
 
 
 def replica_transition(
@@ -74,12 +115,14 @@ def replica_transition(
         if to == ReplicaStatus.READY:
             # A drain may be waiting for exactly this replica.
             _after_commit_reconcile()
-        if previous in PLACED and to not in PLACED:
+        if previous in PLACED and to == ReplicaStatus.FAILED:
             # Its members leave their nodes' desired state: the agents stop them.
             for node_name in replica.members.values_list("node__name", flat=True):
                 node_desired_changed(node_name=node_name)
-            if to == ReplicaStatus.FAILED:
-                _after_commit_reconcile()
+            _after_commit_reconcile()
+        if to == ReplicaStatus.STOPPING:
+            # Routing stops now; the members stop once in-flight requests are done.
+            _after_commit_reconcile(countdown=settings.LLMGW_ROUTING_SETTLE)
     return replica
 
 
@@ -149,8 +192,8 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
     )
     for member in members:
         engine = reported.get(member.member_id)
-        wanted = member.replica.status in PLACED
-        if not wanted:
+        if member.replica.status not in PLACED:
+            # Stopping or failed: once its engine is gone, its GPUs are free.
             if engine is None or engine["state"] == "exited":
                 member_release(member=member, reason="stopped by its agent")
                 touched.add(member.replica_id)

@@ -17,11 +17,13 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _no_celery(monkeypatch):
-    """Tasks enqueued on commit run inline here; the worker is tested elsewhere."""
+def _no_celery(monkeypatch, settings):
+    """No worker here: the tests call reconcile themselves (the worker is tested elsewhere)."""
     from replicas import tasks
 
     monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
+    settings.LLMGW_ROUTING_SETTLE = 0
 
 
 @pytest.fixture

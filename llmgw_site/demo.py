@@ -1,0 +1,129 @@
+"""``llmgw demo``: llmgw on its embedded default with a simulated cluster of
+four nodes in two fabrics, a sample catalog, and what to try."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+from .simcluster import SEEDS_NODES, SimCluster, SimNode
+
+SAMPLE_CATALOG = """\
+models:
+  - name: llama-70b-sim
+    engine: sim
+    model: /models/llama-70b
+    nodes: 2
+    gpus_per_node: 4
+    replicas: 2
+  - name: qwen-7b-sim
+    engine: sim
+    model: /models/qwen-7b
+    nodes: 1
+    gpus_per_node: 1
+    replicas: 2
+"""
+
+
+def _cluster(*, host: str, agent_port: int) -> SimCluster:
+    env = dict(os.environ, LLMGW_DATA_DIR=str(settings.DATA_DIR), PYTHONUNBUFFERED="1")
+    base = Path(settings.DATA_DIR) / "sim"
+    base.mkdir(parents=True, exist_ok=True)
+    return SimCluster(base=base, env=env, agent_url=f"https://{host}:{agent_port}")
+
+
+def _issue(name: str, out: Path) -> None:
+    from pki.services import bundle_write, cert_issue_client
+
+    if not (out / f"{name}.pem").exists():
+        bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
+
+
+def run_demo(*, host: str, web_port: int, agent_port: int) -> int:
+    import yaml
+
+    from replicas.catalog import catalog_apply
+
+    from .runner import first_run, process_commands
+
+    os.environ.setdefault("LLMGW_GATEWAY_OPEN", "1")
+    lines = first_run(host=host)
+    for folder in getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).values():
+        if isinstance(folder, str):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+    cluster = _cluster(host=host, agent_port=agent_port)
+    for name, argv in process_commands(host=host, web_port=web_port, agent_port=agent_port, agent_workers=1).items():
+        cluster.start_process(name, argv)
+    for node in SEEDS_NODES:
+        cluster.add_node(SimNode(node.name, node.addr, node.gpus, node.fabric, node.hcas), issue_cert=_issue)
+        cluster.start_agent(node.name)
+    catalog = cluster.base / "catalog.yaml"
+    catalog.write_text(SAMPLE_CATALOG)
+    catalog_apply(entries=yaml.safe_load(SAMPLE_CATALOG)["models"], prune=False)
+    data = settings.DATA_DIR
+    web = f"http://{host}:{web_port}"
+    print("\n".join(lines))
+    print(f"""
+llmgw demo is up: four simulated nodes, node01+node02 on ib-a and node03+node04 on ib-b, 8 GPUs each,
+each a real agent on its own loopback address with its own certificate.
+
+  dashboard   {web}/            (admin at {web}/admin/)
+  catalog     {catalog}
+
+Watch it (in another shell):
+  export LLMGW_DATA_DIR={data} LLMGW_URL={web}
+  llmgw ctl nodes
+  llmgw ctl replicas
+  llmgw ctl events
+
+Try a failure: kill node02 (its agent and its engines), then watch its replica fail and come back on ib-b:
+  llmgw demo kill node02 --data-dir {data}
+
+Try a drain:
+  llmgw ctl drain node03 --wait
+
+Send a request through the gateway:
+  curl -s {web}/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{{"model": "qwen-7b-sim", "messages": [{{"role": "user", "content": "hello"}}]}}'
+  python -c "import openai; c = openai.OpenAI(base_url='{web}/v1', api_key='demo'); \\
+print(c.chat.completions.create(model='qwen-7b-sim', messages=[{{'role': 'user', 'content': 'hello'}}]).choices[0].message.content)"
+
+Ctrl-C stops everything.
+""", flush=True)
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    code = 0
+    while not stopping:
+        for name, proc in cluster.procs.items():
+            if proc.poll() is not None:
+                print(f"llmgw demo: {name} exited with status {proc.returncode}; see {cluster.base / (name + '.log')}",
+                      file=sys.stderr)
+                stopping, code = True, 1
+                break
+        time.sleep(0.5)
+    cluster.stop()
+    return code
+
+
+def kill_node(*, name: str, host: str = "127.0.0.1", agent_port: int = 7443) -> int:
+    cluster = _cluster(host=host, agent_port=agent_port)
+    node_dir = cluster.base / "nodes" / name
+    if not (node_dir / "agent.yaml").exists():
+        print(f"llmgw: no simulated node {name} under {cluster.base}", file=sys.stderr)
+        return 1
+    node = SimNode(name, "", dir=node_dir)
+    cluster.nodes[name] = node
+    killed = cluster.kill_node(name)
+    print(f"killed {name}: processes {', '.join(map(str, killed)) or 'none were running'}")
+    return 0

@@ -1,0 +1,175 @@
+"""A simulated cluster on one machine: the control plane's processes and one
+real agent per node, each on its own loopback address with its own
+certificate, fake GPUs and fake HCAs (``llmgw sim node-kit``), running real
+sim engines. ``llmgw demo`` and the end-to-end tests use it.
+
+Killing a node kills its agent and its engines; freezing one stops only its
+agent (SIGSTOP), as a hung machine would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class SimNode:
+    name: str
+    addr: str
+    gpus: int = 8
+    fabric: str | None = None
+    hcas: tuple[str, ...] = ("mlx5_0", "mlx5_1")
+    dir: Path | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def work_dir(self) -> Path:
+        config = yaml.safe_load((self.dir / "agent.yaml").read_text())
+        return Path(config["supervisor"]["work_dir"])
+
+
+SEEDS_NODES = [
+    SimNode("node01", "127.0.1.1", fabric="ib-a", hcas=("mlx5_0", "mlx5_1")),
+    SimNode("node02", "127.0.1.2", fabric="ib-a", hcas=("mlx5_0", "mlx5_1")),
+    SimNode("node03", "127.0.1.3", fabric="ib-b", hcas=("mlx5_2", "mlx5_3")),
+    SimNode("node04", "127.0.1.4", fabric="ib-b", hcas=("mlx5_2", "mlx5_3")),
+]
+
+
+@dataclass
+class SimCluster:
+    base: Path
+    env: dict[str, str]
+    agent_url: str
+    agent_timings: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, SimNode] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    # --- the control plane ------------------------------------------------------
+
+    def start_process(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.base / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        _kill_group(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    # --- nodes ------------------------------------------------------------------
+
+    def add_node(self, node: SimNode, *, issue_cert) -> SimNode:
+        """``issue_cert(name, out_dir)`` writes NAME.pem, NAME-key.pem and ca.pem."""
+        node.dir = self.base / "nodes" / node.name
+        node.dir.mkdir(parents=True, exist_ok=True)
+        issue_cert(node.name, node.dir)
+        argv = [sys.executable, "-m", "llmgw_site.cli", "sim", "node-kit", node.name, "--gpus", str(node.gpus),
+                "--addr", node.addr, "--server", self.agent_url, "--dir", str(node.dir)]
+        if node.fabric:
+            argv += ["--fabric", f"{node.fabric}:{','.join(node.hcas)}"]
+        subprocess.run(argv, env=self.env, check=True, capture_output=True)
+        if self.agent_timings:
+            path = node.dir / "agent.yaml"
+            config = yaml.safe_load(path.read_text())
+            for key, value in self.agent_timings.items():
+                section, _, name = key.rpartition(".")
+                (config[section] if section else config)[name] = value
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.nodes[node.name] = node
+        return node
+
+    def start_agent(self, name: str) -> subprocess.Popen:
+        node = self.nodes[name]
+        log = open(node.dir / "agent.log", "ab")
+        node.proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw_site.cli", "agent", "--config", str(node.dir / "agent.yaml")],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        (node.dir / "agent.pid").write_text(str(node.proc.pid))
+        return node.proc
+
+    def engine_pids(self, name: str) -> list[int]:
+        """Processes running in the node's engine directories."""
+        work = str(self.nodes[name].work_dir.resolve())
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd.startswith(work + os.sep):
+                pids.append(int(entry.name))
+        return pids
+
+    def kill_node(self, name: str) -> list[int]:
+        """The machine dies: its agent and every engine it ran."""
+        node = self.nodes[name]
+        killed = []
+        if node.proc is not None and node.proc.poll() is None:
+            _kill_group(node.proc.pid, signal.SIGKILL)
+            node.proc.wait()
+            killed.append(node.proc.pid)
+        elif node.proc is None and (node.dir / "agent.pid").exists():
+            pid = int((node.dir / "agent.pid").read_text())
+            _kill_group(pid, signal.SIGKILL)
+            killed.append(pid)
+        for pid in self.engine_pids(name):
+            _kill_group(pid, signal.SIGKILL)
+            killed.append(pid)
+        return killed
+
+    def freeze_agent(self, name: str) -> None:
+        os.kill(self.nodes[name].proc.pid, signal.SIGSTOP)
+
+    def thaw_agent(self, name: str) -> None:
+        os.kill(self.nodes[name].proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        for name in list(self.nodes):
+            node = self.nodes[name]
+            if node.proc is not None and node.proc.poll() is None:
+                try:
+                    os.kill(node.proc.pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            self.kill_node(name)
+        for name in list(self.procs):
+            self.stop_process(name)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
