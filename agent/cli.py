@@ -1,0 +1,141 @@
+"""``llmgw agent ...`` and ``llmgw sim ...``: the node side of the command line.
+
+    llmgw agent --config /etc/llmgw/agent.yaml [--check]
+    llmgw sim node-kit NODE --dir DIR [--gpus 8] [--fabric ib-a:mlx5_0,mlx5_1] [--addr 127.0.1.1] ...
+    llmgw sim engine --rank R --nnodes N --rendezvous HOST:PORT ...   (= python -m agent.engines.sim)
+
+``llmgw_site.cli`` hands over argv with argv[0] = "agent" or "sim"; nothing
+here imports Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .config import CONFIG_EXIT_STATUS, ConfigError, load_config
+
+DEFAULT_CONFIG = "/etc/llmgw/agent.yaml"
+
+
+def main(argv: list[str]) -> int:
+    command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if command == "agent":
+        return agent_main(rest)
+    if command == "sim":
+        return sim_main(rest)
+    print("usage: llmgw agent --config FILE | llmgw sim {node-kit,engine} ...", file=sys.stderr)
+    return 2
+
+
+# --- llmgw agent ----------------------------------------------------------------------
+
+
+def agent_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llmgw agent", description="the llmgw node agent")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"agent.yaml (default {DEFAULT_CONFIG})")
+    parser.add_argument("--check", action="store_true",
+                        help="check the configuration, print what discovery finds, and exit")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    # httpx logs every request at INFO: a line per heartbeat drowns the journal.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(exc.report(), file=sys.stderr)
+        return CONFIG_EXIT_STATUS
+    if args.check:
+        return _check(config)
+
+    from .runner import Agent
+
+    try:
+        agent = Agent(config)
+    except OSError as exc:
+        print(f"llmgw agent: cannot prepare {config.supervisor.work_dir}: {exc}", file=sys.stderr)
+        return 1
+
+    def stop(signum, _frame) -> None:
+        logging.getLogger("agent").info("%s: stopping the agent (engines keep running)", signal.Signals(signum).name)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    agent.run()
+    return 0
+
+
+def _check(config) -> int:
+    from .discovery import discover
+
+    inventory = discover(config)
+    report = {
+        "node_id": config.node_id,
+        "server": config.server,
+        "fabrics": [dataclasses.asdict(f) for f in config.fabrics],
+        "gpus": [dataclasses.asdict(g) for g in inventory.gpus],
+        "hcas": [dataclasses.asdict(h) for h in inventory.hcas],
+        "discovery_errors": inventory.errors,
+    }
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 1 if inventory.errors else 0
+
+
+# --- llmgw sim ----------------------------------------------------------------------------
+
+
+def sim_main(argv: list[str]) -> int:
+    if argv and argv[0] == "engine":
+        from .engines.sim import main as engine_main
+
+        return engine_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="llmgw sim", description="simulated nodes and engines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    kit = sub.add_parser("node-kit", help="write a fake nvidia-smi, a fake sysfs and an agent.yaml for a node")
+    kit.add_argument("node", help="node id (also its certificate's common name)")
+    kit.add_argument("--dir", required=True, help="where to write the kit")
+    kit.add_argument("--gpus", type=int, default=8)
+    kit.add_argument("--fabric", action="append", default=[], metavar="NAME[:HCA,HCA]",
+                     help="a fabric and its HCAs (repeatable); omit for an island")
+    kit.add_argument("--addr", default="127.0.1.1", help="mgmt_addr: where engines on this node are reached")
+    kit.add_argument("--server", default="https://127.0.0.1:7443", help="the agent API")
+    kit.add_argument("--certs", help="directory holding ca.pem, NODE.pem, NODE-key.pem (default --dir)")
+    kit.add_argument("--heartbeat-interval", default="5s")
+    kit.add_argument("--mgmt-interface", default="lo")
+    sub.add_parser("engine", help="the simulated engine (llmgw sim engine --help)")
+    args = parser.parse_args(argv)
+    return _node_kit(args)
+
+
+def _node_kit(args) -> int:
+    from .simkit import KitError, node_kit
+
+    try:
+        paths = node_kit(
+            node_id=args.node, directory=Path(args.dir), gpus=args.gpus, fabric_specs=args.fabric,
+            addr=args.addr, server=args.server, certs=Path(args.certs) if args.certs else None,
+            heartbeat_interval=args.heartbeat_interval, mgmt_interface=args.mgmt_interface,
+        )
+    except KitError as exc:
+        print(f"llmgw sim node-kit: {exc}", file=sys.stderr)
+        return 2
+    print(f"simulated node {args.node}: {args.gpus} GPUs, fabrics: {', '.join(args.fabric) or 'none (island)'}")
+    for label, path in paths.items():
+        print(f"  {label:10} {path}")
+    cert = paths["certs"] / f"{args.node}.pem"
+    if not cert.exists():
+        print(f"next: llmgw ctl cert issue-client {args.node} --out {paths['certs']}")
+    print(f"then: llmgw agent --config {paths['config']}")
+    return 0

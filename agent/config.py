@@ -1,0 +1,368 @@
+"""agent.yaml: read, check, and refuse with messages a person can act on.
+
+Every error names the field and says what to do. All errors are collected, so
+one run of ``llmgw agent`` lists everything wrong with a file. The file-system
+checks (certificates, HCAs under ``ib_root``, a configured nvidia-smi) belong
+here too: an agent that started with them wrong would run, report, and be
+wrong quietly.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from .durations import BadDuration, parse_duration
+
+# The same rule as the control plane's (pki.names): the node id is also the
+# hostname, the VM name and the certificate's common name.
+NODE_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+FABRIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+HCA_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+CONFIG_EXIT_STATUS = 2
+
+
+class ConfigError(Exception):
+    def __init__(self, path: str, errors: list[str]) -> None:
+        self.path = path
+        self.errors = errors
+        super().__init__(f"{path}: " + "; ".join(errors))
+
+    def report(self) -> str:
+        lines = [f"llmgw agent: {self.path} has {len(self.errors)} problem(s); the agent did not start:"]
+        lines += [f"  - {e}" for e in self.errors]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    name: str
+    hcas: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    nvidia_smi: str = ""  # empty: look on PATH
+    ib_root: Path = Path("/sys/class/infiniband")
+    prefer_nvml: bool = False
+    skip_gpus: bool = False
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    work_dir: Path = Path("/var/lib/llmgw-agent")
+    log_lines: int = 512
+    stop_timeout: float = 60.0
+    health_interval: float = 2.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_id: str
+    server: str
+    tls: TlsConfig
+    mgmt_addr: str
+    mgmt_interface: str = "eth0"
+    heartbeat_interval: float = 5.0
+    reconnect_base: float = 1.0
+    reconnect_max: float = 30.0
+    fabrics: tuple[FabricConfig, ...] = ()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+
+    def fabric_of(self, hca: str) -> str | None:
+        for fabric in self.fabrics:
+            if hca in fabric.hcas:
+                return fabric.name
+        return None
+
+
+TOP_KEYS = (
+    "node_id", "server", "tls", "mgmt_addr", "mgmt_interface", "heartbeat_interval",
+    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor",
+)
+TLS_KEYS = ("ca", "cert", "key")
+FABRIC_KEYS = ("name", "hcas")
+DISCOVERY_KEYS = ("nvidia_smi", "ib_root", "prefer_nvml", "skip_gpus")
+SUPERVISOR_KEYS = ("work_dir", "log_lines", "stop_timeout", "health_interval")
+
+_TLS_HINT = "as written by 'llmgw ctl cert issue-client NODE --out DIR' (DIR/ca.pem, DIR/NODE.pem, DIR/NODE-key.pem)"
+
+
+class _Reader:
+    """Reads one mapping after another, collecting every problem it finds."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self.errors: list[str] = []
+
+    def error(self, field: str, message: str) -> None:
+        self.errors.append(f"{field}: {message}")
+
+    def mapping(self, value: Any, field: str, known: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.error(field, f"must be a mapping with keys {', '.join(known)}")
+            return {}
+        for key in value:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                where = f"{field}.{key}" if field else str(key)
+                self.error(where, f"unknown key; {hint}known keys here are {', '.join(known)}")
+        return value
+
+    def string(self, data: dict, key: str, field: str, *, default: str | None = None) -> str:
+        value = data.get(key)
+        if value is None or value == "":
+            if default is None:
+                self.error(field, "missing; it is required")
+                return ""
+            return default
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            self.error(field, f"must be a string, not {type(value).__name__}")
+            return ""
+        return str(value)
+
+    def duration(self, data: dict, key: str, field: str, default: float, *, positive: bool = True) -> float:
+        if data.get(key) is None:
+            return default
+        try:
+            seconds = parse_duration(data[key])
+        except BadDuration as exc:
+            self.error(field, str(exc))
+            return default
+        if positive and seconds <= 0:
+            self.error(field, "must be longer than zero")
+            return default
+        return seconds
+
+    def boolean(self, data: dict, key: str, field: str, default: bool) -> bool:
+        value = data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.error(field, f"must be true or false, not {value!r}")
+            return default
+        return value
+
+    def integer(self, data: dict, key: str, field: str, default: int, *, minimum: int) -> int:
+        value = data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.error(field, f"must be a whole number of at least {minimum}, not {value!r}")
+            return default
+        return value
+
+    def path(self, value: str) -> Path:
+        # Relative paths are relative to the configuration file, not to
+        # wherever the agent happened to be started from.
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path)
+
+
+def load_config(path: str | os.PathLike) -> AgentConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read the configuration: {exc.strerror or exc}"]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from exc
+    return parse_config(data, base_dir=path.resolve().parent, source=str(path))
+
+
+def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> AgentConfig:
+    r = _Reader(base_dir)
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["the file must be a YAML mapping (node_id: ..., server: ..., tls: ...)"])
+    top = r.mapping(data, "", TOP_KEYS)
+
+    node_id = r.string(top, "node_id", "node_id")
+    if node_id and not NODE_ID_RE.match(node_id):
+        r.error(
+            "node_id",
+            f"{node_id!r} is not a valid node id: use the node's hostname, 1-63 lowercase letters, digits, "
+            "'-' or '.', starting and ending with a letter or digit (it is also the certificate's common name)",
+        )
+
+    server = r.string(top, "server", "server").rstrip("/")
+    if server:
+        parts = urlsplit(server)
+        if parts.scheme != "https" or not parts.hostname:
+            r.error("server", f"{server!r} must be the agent API's https URL, e.g. https://10.0.0.140:7443")
+
+    tls = _read_tls(r, top.get("tls"))
+    mgmt_addr = r.string(top, "mgmt_addr", "mgmt_addr")
+    mgmt_interface = r.string(top, "mgmt_interface", "mgmt_interface", default="eth0")
+    heartbeat_interval = r.duration(top, "heartbeat_interval", "heartbeat_interval", 5.0)
+    reconnect_base = r.duration(top, "reconnect_base", "reconnect_base", 1.0)
+    reconnect_max = r.duration(top, "reconnect_max", "reconnect_max", 30.0)
+    if reconnect_base > reconnect_max:
+        r.error("reconnect_base", f"is longer than reconnect_max ({top.get('reconnect_max')}); make it shorter")
+
+    discovery = _read_discovery(r, top.get("discovery"))
+    supervisor = _read_supervisor(r, top.get("supervisor"))
+    fabrics = _read_fabrics(r, top.get("fabrics"), discovery.ib_root)
+
+    if r.errors:
+        raise ConfigError(source, r.errors)
+    return AgentConfig(
+        node_id=node_id,
+        server=server,
+        tls=tls,
+        mgmt_addr=mgmt_addr,
+        mgmt_interface=mgmt_interface,
+        heartbeat_interval=heartbeat_interval,
+        reconnect_base=reconnect_base,
+        reconnect_max=reconnect_max,
+        fabrics=fabrics,
+        discovery=discovery,
+        supervisor=supervisor,
+    )
+
+
+def _read_tls(r: _Reader, value: Any) -> TlsConfig:
+    if value is None:
+        r.error("tls", f"missing; give ca, cert and key, {_TLS_HINT}")
+        return TlsConfig(Path(), Path(), Path())
+    data = r.mapping(value, "tls", TLS_KEYS)
+    paths = {}
+    for key in TLS_KEYS:
+        text = r.string(data, key, f"tls.{key}")
+        paths[key] = r.path(text) if text else Path()
+        if text and not paths[key].is_file():
+            r.error(f"tls.{key}", f"{paths[key]} does not exist or is not a file; put the file there, {_TLS_HINT}")
+        elif text and not os.access(paths[key], os.R_OK):
+            r.error(f"tls.{key}", f"{paths[key]} is not readable by this user; the agent runs as root under systemd")
+    tls = TlsConfig(**paths)
+    if not any(e.startswith("tls") for e in r.errors):
+        _check_tls_loads(r, tls)
+    return tls
+
+
+def _check_tls_loads(r: _Reader, tls: TlsConfig) -> None:
+    try:
+        ssl.create_default_context(cafile=str(tls.ca))
+    except (ssl.SSLError, OSError) as exc:
+        r.error("tls.ca", f"{tls.ca} is not a PEM certificate authority: {exc}")
+    try:
+        ssl.create_default_context().load_cert_chain(str(tls.cert), str(tls.key))
+    except (ssl.SSLError, OSError) as exc:
+        r.error("tls.key", f"{tls.cert} and {tls.key} do not load as a certificate and its key ({exc}); "
+                "they must be the pair issued together for this node")
+
+
+def _read_discovery(r: _Reader, value: Any) -> DiscoveryConfig:
+    data = r.mapping(value, "discovery", DISCOVERY_KEYS)
+    nvidia_smi = r.string(data, "nvidia_smi", "discovery.nvidia_smi", default="")
+    ib_root = r.path(r.string(data, "ib_root", "discovery.ib_root", default="/sys/class/infiniband"))
+    prefer_nvml = r.boolean(data, "prefer_nvml", "discovery.prefer_nvml", False)
+    skip_gpus = r.boolean(data, "skip_gpus", "discovery.skip_gpus", False)
+    if nvidia_smi and not skip_gpus:
+        # A path someone wrote down and got wrong is a configuration error;
+        # an nvidia-smi missing from PATH or failing is reported in the
+        # heartbeat instead (see agent.discovery).
+        if "/" in nvidia_smi:
+            nvidia_smi = str(r.path(nvidia_smi))
+            found = nvidia_smi if os.path.isfile(nvidia_smi) and os.access(nvidia_smi, os.X_OK) else None
+        else:
+            found = shutil.which(nvidia_smi)
+        if not found:
+            r.error(
+                "discovery.nvidia_smi",
+                f"{nvidia_smi} is not an executable file; give the path where the driver installed "
+                "nvidia-smi, leave it empty to look on PATH, or set skip_gpus: true on a node without GPUs",
+            )
+    return DiscoveryConfig(nvidia_smi=nvidia_smi, ib_root=ib_root, prefer_nvml=prefer_nvml, skip_gpus=skip_gpus)
+
+
+def _read_supervisor(r: _Reader, value: Any) -> SupervisorConfig:
+    data = r.mapping(value, "supervisor", SUPERVISOR_KEYS)
+    default = SupervisorConfig()
+    work_dir = r.path(r.string(data, "work_dir", "supervisor.work_dir", default=str(default.work_dir)))
+    if work_dir.exists() and not work_dir.is_dir():
+        r.error("supervisor.work_dir", f"{work_dir} exists and is not a directory")
+    return SupervisorConfig(
+        work_dir=work_dir,
+        log_lines=r.integer(data, "log_lines", "supervisor.log_lines", default.log_lines, minimum=1),
+        stop_timeout=r.duration(data, "stop_timeout", "supervisor.stop_timeout", default.stop_timeout),
+        health_interval=r.duration(data, "health_interval", "supervisor.health_interval", default.health_interval),
+    )
+
+
+def _read_fabrics(r: _Reader, value: Any, ib_root: Path) -> tuple[FabricConfig, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        r.error("fabrics", "must be a list of {name, hcas}; use [] for a node with no fabric")
+        return ()
+    fabrics: list[FabricConfig] = []
+    owner: dict[str, str] = {}
+    for i, item in enumerate(value):
+        field = f"fabrics[{i}]"
+        data = r.mapping(item, field, FABRIC_KEYS)
+        name = r.string(data, "name", f"{field}.name")
+        if name and not FABRIC_NAME_RE.match(name):
+            r.error(f"{field}.name", f"{name!r} is not a fabric name: letters, digits, '_', '.', '-', up to 64")
+        if name and any(f.name == name for f in fabrics):
+            r.error(f"{field}.name", f"fabric {name} is listed twice; list each fabric once with all its HCAs")
+        hcas = data.get("hcas")
+        if not isinstance(hcas, list) or not hcas or not all(isinstance(h, str) for h in hcas):
+            r.error(f"{field}.hcas", "must be a non-empty list of HCA names, e.g. [mlx5_0, mlx5_1]")
+            hcas = []
+        for hca in hcas:
+            if not HCA_NAME_RE.match(hca):
+                r.error(f"{field}.hcas", f"{hca!r} is not an HCA name like mlx5_0")
+            elif hca in owner and owner[hca] != name:
+                r.error(
+                    f"{field}.hcas",
+                    f"HCA {hca} is listed under two fabrics, {owner[hca]} and {name}. An adapter is cabled to "
+                    "one fabric; a node configured this way would be given replicas that start, pass their "
+                    "health checks and hang on their first all-reduce. List it under the one fabric it is on",
+                )
+            owner.setdefault(hca, name)
+        fabrics.append(FabricConfig(name=name, hcas=tuple(hcas)))
+    _check_hcas_present(r, owner, ib_root)
+    return tuple(fabrics)
+
+
+def _check_hcas_present(r: _Reader, owner: dict[str, str], ib_root: Path) -> None:
+    if not owner:
+        return
+    if not ib_root.is_dir():
+        r.error(
+            "discovery.ib_root",
+            f"{ib_root} does not exist, but fabrics name HCAs ({', '.join(sorted(owner))}); is the InfiniBand "
+            "driver loaded? For a node with no fabric use 'fabrics: []'",
+        )
+        return
+    present = sorted(p.name for p in ib_root.iterdir())
+    for hca, fabric in owner.items():
+        if hca not in present:
+            r.error(
+                "fabrics",
+                f"HCA {hca} (fabric {fabric}) is not on this machine: {ib_root} has "
+                f"{', '.join(present) or 'no HCAs'}. Fix the name in 'fabrics', or discovery.ib_root",
+            )

@@ -1,0 +1,264 @@
+"""The running agent: four loops around one supervisor.
+
+- supervise (main thread): applies the newest desired state, notices exits,
+  stop deadlines and health, and asks for a heartbeat whenever an engine's
+  state changes;
+- heartbeat: every interval, or at once when asked; owns the backoff and the
+  logging of the link's state;
+- long-poll: waits on the control plane for the next desired state, so a
+  change arrives in well under a second instead of at the next heartbeat;
+- discovery: re-reads GPUs and HCAs now and then (a GPU can fall off the bus).
+
+Nothing here stops an engine because the control plane is unreachable: until
+the control plane says otherwise, what runs keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from . import __version__
+from .client import (
+    Backoff, ControlPlaneClient, ControlPlaneError, LinkLog, NoLongPoll, Refused, Rejected,
+)
+from .config import AgentConfig
+from .discovery import Inventory, discover
+from .protocol import DesiredState, FabricMembership, Heartbeat
+from .supervisor import Supervisor
+
+logger = logging.getLogger(__name__)
+
+SUPERVISE_TICK = 0.25
+LONG_POLL_WAIT = 25.0
+LONG_POLL_RETRY_WITHOUT_ENDPOINT = 60.0
+REDISCOVER_EVERY = 60.0
+MIN_HEARTBEAT_GAP = 0.1  # a flapping engine must not turn into a heartbeat storm
+
+
+class DesiredHolder:
+    """The newest desired state, from whichever of heartbeat or long-poll brought it.
+
+    A reply can arrive late: a heartbeat sent before a change may be answered
+    after the long-poll delivered the change. An older version is accepted
+    only when the request itself already carried the version we hold, i.e.
+    the control plane really went backwards (a restored database).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: DesiredState | None = None
+        self._pending = False
+        self.changed = threading.Event()
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._state.version if self._state else 0
+
+    @property
+    def received(self) -> bool:
+        with self._lock:
+            return self._state is not None
+
+    def offer(self, desired: DesiredState, *, asked_with: int) -> bool:
+        with self._lock:
+            held = self._state.version if self._state else None
+            newer = held is None or desired.version > held
+            went_back = held is not None and desired.version < held and asked_with == held
+            if not (newer or went_back):
+                return False
+            if went_back:
+                logger.warning("desired state went back from version %d to %d; following it", held, desired.version)
+            self._state = desired
+            self._pending = True
+        logger.info("desired state version %d: %d member(s)", desired.version, len(desired.members))
+        self.changed.set()
+        return True
+
+    def take(self) -> DesiredState | None:
+        """The state to apply, once per change."""
+        with self._lock:
+            self.changed.clear()
+            if not self._pending:
+                return None
+            self._pending = False
+            return self._state
+
+
+@dataclass
+class _Sent:
+    engines: tuple | None = None  # supervisor fingerprint the control plane has acknowledged
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, client: ControlPlaneClient | None = None) -> None:
+        self.config = config
+        self.supervisor = Supervisor(config.supervisor)
+        self.client = client or ControlPlaneClient(config)
+        self.desired = DesiredHolder()
+        self.inventory: Inventory = discover(config)
+        self.link = LinkLog(config.server)
+        self.report_now = threading.Event()
+        self.connected = threading.Event()
+        self.stopping = threading.Event()
+        self._sent = _Sent()
+        self._log_inventory()
+
+    def _log_inventory(self) -> None:
+        inv = self.inventory
+        logger.info(
+            "node=%s gpus=%d hcas=%s fabrics=%s",
+            self.config.node_id, len(inv.gpus),
+            ",".join(f"{h.name}({h.fabric or '-'},{h.state or '?'})" for h in inv.hcas) or "none",
+            ",".join(f.name for f in self.config.fabrics) or "none",
+        )
+        for error in inv.errors:
+            logger.warning("discovery: %s", error)
+
+    # --- running -------------------------------------------------------------------
+
+    def run(self) -> None:
+        adopted = [e for e in self.supervisor.engines().values() if e.adopted and not e.exited]
+        if adopted:
+            names = ", ".join(f"{e.name}(pid {e.pid})" for e in adopted)
+            logger.info("adopted %d running engine(s): %s", len(adopted), names)
+        for loop in (self._heartbeat_loop, self._long_poll_loop, self._discovery_loop):
+            name = loop.__name__.strip("_").removesuffix("_loop")
+            threading.Thread(target=self._keep_running, args=(loop,), name=name, daemon=True).start()
+        try:
+            self._keep_running(self._supervise_loop)
+        finally:
+            self.supervisor.close()
+            self.client.close()
+            logger.info("agent stopped; engines left running for the next agent to adopt")
+
+    def _keep_running(self, loop) -> None:
+        """A bug in one loop must not leave a node silent (and declared lost)
+        or its engines unwatched: log it and start the loop again."""
+        while not self.stopping.is_set():
+            try:
+                loop()
+            except Exception:  # noqa: BLE001 - see above
+                logger.exception("agent loop %s failed; restarting it", loop.__name__)
+                self.stopping.wait(1.0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.report_now.set()
+        self.desired.changed.set()
+        self.connected.set()
+
+    def _supervise_loop(self) -> None:
+        last = None
+        while not self.stopping.is_set():
+            desired = self.desired.take()
+            if desired is not None:
+                self.supervisor.converge(desired)
+            self.supervisor.tick()
+            current = self.supervisor.fingerprint()
+            if current != last:
+                last = current
+                self.report_now.set()
+            self.desired.changed.wait(SUPERVISE_TICK)
+
+    # --- heartbeats ------------------------------------------------------------------
+
+    def build_heartbeat(self) -> tuple[Heartbeat, tuple]:
+        fingerprint = self.supervisor.fingerprint()
+        inv = self.inventory
+        # The control plane stores log tails only along with a change of
+        # engine state, so steady heartbeats leave them out.
+        with_logs = fingerprint != self._sent.engines
+        heartbeat = Heartbeat(
+            agent_version=__version__,
+            mgmt_addr=self.config.mgmt_addr,
+            mgmt_interface=self.config.mgmt_interface,
+            fabrics=[FabricMembership(name=f.name, hcas=list(f.hcas)) for f in self.config.fabrics],
+            gpus=list(inv.gpus),
+            hcas=list(inv.hcas),
+            discovery_errors=list(inv.errors),
+            engines=self.supervisor.report(with_logs=with_logs),
+            desired_version=self.desired.version,
+        )
+        return heartbeat, fingerprint
+
+    def _heartbeat_loop(self) -> None:
+        backoff = Backoff(self.config.reconnect_base, self.config.reconnect_max)
+        interval = self.config.heartbeat_interval
+        while not self.stopping.is_set():
+            self.report_now.clear()
+            started = time.monotonic()
+            heartbeat, fingerprint = self.build_heartbeat()
+            asked_with = heartbeat.desired_version
+            try:
+                reply = self.client.heartbeat(heartbeat)
+            except (Refused, Rejected) as exc:
+                # It will say the same until someone changes something: ask
+                # rarely, and leave the engines alone.
+                self.connected.clear()
+                self.link.failed(exc, retry_in=self.config.reconnect_max)
+                self.stopping.wait(self.config.reconnect_max)
+                continue
+            except ControlPlaneError as exc:
+                self.connected.clear()
+                delay = backoff.next()
+                self.link.failed(exc, retry_in=delay)
+                self.stopping.wait(delay)
+                continue
+            self.link.up()
+            backoff.reset()
+            self._sent.engines = fingerprint
+            self.connected.set()
+            # Never slower than the control plane expects (it declares a
+            # silent node lost by its own interval), never slower than
+            # configured either.
+            if reply.heartbeat_interval > 0:
+                interval = min(self.config.heartbeat_interval, reply.heartbeat_interval)
+            self.desired.offer(reply.desired, asked_with=asked_with)
+            self.report_now.wait(max(0.0, interval - (time.monotonic() - started)))
+            self.stopping.wait(MIN_HEARTBEAT_GAP)
+
+    # --- desired-state long-poll -------------------------------------------------------
+
+    def _long_poll_loop(self) -> None:
+        backoff = Backoff(self.config.reconnect_base, self.config.reconnect_max)
+        missing_logged = False
+        while not self.stopping.is_set():
+            # While the heartbeat cannot get through, it owns the retrying.
+            if not self.connected.wait(timeout=1.0) or self.stopping.is_set():
+                continue
+            asked_with = self.desired.version
+            try:
+                desired = self.client.desired(version=asked_with, wait=LONG_POLL_WAIT)
+            except NoLongPoll as exc:
+                if not missing_logged:
+                    logger.info("%s; desired state arrives with heartbeats instead", exc)
+                    missing_logged = True
+                self.stopping.wait(LONG_POLL_RETRY_WITHOUT_ENDPOINT)
+                continue
+            except ControlPlaneError as exc:
+                logger.debug("long-poll failed: %s", exc)
+                self.connected.clear()
+                self.report_now.set()  # let the heartbeat find out what is wrong, and log it
+                self.stopping.wait(backoff.next())
+                continue
+            if missing_logged:
+                logger.info("the control plane now answers the desired-state long-poll")
+                missing_logged = False
+            backoff.reset()
+            self.desired.offer(desired, asked_with=asked_with)
+            self.stopping.wait(0.01)
+
+    # --- discovery ------------------------------------------------------------------------
+
+    def _discovery_loop(self) -> None:
+        while not self.stopping.wait(REDISCOVER_EVERY):
+            inventory = discover(self.config)
+            if inventory != self.inventory:
+                self.inventory = inventory
+                logger.info("inventory changed")
+                self._log_inventory()
+                self.report_now.set()
