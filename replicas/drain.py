@@ -49,7 +49,7 @@ def _placed_on(node: Node):
 def drain_step(*, drain_id: int) -> None:
     """Advance a drain as far as it can go now. Idempotent."""
     with transaction.atomic():
-        drain = Drain.objects.select_for_update().select_related("node", "current__model").filter(pk=drain_id).first()
+        drain = Drain.objects.select_for_update(of=("self",)).select_related("node", "current__model").filter(pk=drain_id).first()
         if drain is None or drain.status not in (Drain.Status.RUNNING, Drain.Status.BLOCKED):
             return
         node = drain.node

@@ -18,7 +18,8 @@ def member_launch(
     fabric: str | None,
     leader: Node,
     http_port: int,
-    rendezvous_port: int,
+    rendezvous_port: int | None,
+    worker_port: int | None = None,
 ) -> dict[str, Any]:
     from .engines import LaunchInput, launch_spec
 
@@ -41,15 +42,19 @@ def member_launch(
             leader_addr=leader.mgmt_addr,
             http_port=http_port,
             rendezvous_port=rendezvous_port,
+            worker_port=worker_port,
         )
     )
-    health_url = None
-    if spec.serves_http and spec.health_path:
-        health_url = f"http://{node.mgmt_addr}:{http_port}{spec.health_path}"
+    ports = dict(spec.ports)
+    if member.rank == 0:
+        # Workers reach the leader here; shown on the leader for the operator.
+        ports.setdefault("http", http_port)
+        if rendezvous_port:
+            ports.setdefault("rendezvous", rendezvous_port)
     return {
         "argv": list(spec.argv),
         "env": dict(spec.env),
-        "ports": dict(spec.ports),
+        "ports": ports,
         "serves_http": spec.serves_http,
-        "health_url": health_url,
+        "health_url": spec.health_url(node.mgmt_addr),
     }

@@ -116,31 +116,32 @@ def replica_persist(*, replica_id: int, placement: scheduler.Placement) -> Repli
             (node_id, index): gpu_id
             for gpu_id, node_id, index in Gpu.objects.filter(node__name__in=names).values_list("id", "node_id", "index")
         }
-        leader = nodes[names[0]]
-        http_port, rendezvous_port = _free_ports(leader, 2)
-        members = []
+        from .engines import member_ports
+
+        members, allocated = [], []
         for rank, spec in enumerate(placement.members):
             node = nodes[spec.node]
             member = Member.objects.create(replica=replica, node=node, rank=rank, gpus=list(spec.gpus))
             GpuAllocation.objects.bulk_create(
                 [GpuAllocation(gpu_id=gpu_ids[(node.id, i)], member=member, node=node) for i in spec.gpus]
             )
-            members.append(member)
-        PortAllocation.objects.bulk_create(
-            [
-                PortAllocation(node=leader, port=http_port, member=members[0], purpose="http"),
-                PortAllocation(node=leader, port=rendezvous_port, member=members[0], purpose="rendezvous"),
-            ]
-        )
-        for member in members:
+            purposes = member_ports(replica.model.engine, nodes=replica.model.nodes, rank=rank)
+            ports = dict(zip(purposes, _free_ports(node, len(purposes)))) if purposes else {}
+            allocated += [PortAllocation(node=node, port=port, member=member, purpose=purpose)
+                          for purpose, port in ports.items()]
+            members.append((member, ports))
+        PortAllocation.objects.bulk_create(allocated)
+        leader, leader_ports = members[0][0].node, members[0][1]
+        for member, ports in members:
             spec = member_launch(
                 model=replica.model,
                 member=member,
                 node=nodes[member.node.name],
                 fabric=placement.fabric,
                 leader=leader,
-                http_port=http_port,
-                rendezvous_port=rendezvous_port,
+                http_port=leader_ports["http"],
+                rendezvous_port=leader_ports.get("rendezvous"),
+                worker_port=next(iter(ports.values()), None) if member.rank else None,
             )
             member.argv, member.env, member.ports = spec["argv"], spec["env"], spec["ports"]
             member.serves_http, member.health_url = spec["serves_http"], spec["health_url"] or ""

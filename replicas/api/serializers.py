@@ -20,16 +20,17 @@ class ModelWriteSerializer(serializers.ModelSerializer):
         extra_kwargs = {"name": {"validators": []}}
 
     def validate(self, data):
-        from ..engines import EngineArgsError, check_args
+        from ..engines import EngineArgsError, check_env, check_entry
 
         try:
-            check_args(data["engine"], data.get("args", []))
+            check_env(data["engine"], data.get("env", {}))
+        except EngineArgsError as exc:
+            raise serializers.ValidationError({"env": [str(exc)]}) from exc
+        try:
+            check_entry(engine=data["engine"], name=data["name"], args=data.get("args", []), env={},
+                        nodes=data.get("nodes", 1), gpus_per_node=data.get("gpus_per_node", 1))
         except EngineArgsError as exc:
             raise serializers.ValidationError({"args": [str(exc)]}) from exc
-        if "CUDA_VISIBLE_DEVICES" in data.get("env", {}):
-            raise serializers.ValidationError(
-                {"env": ["CUDA_VISIBLE_DEVICES is set by the scheduler from the GPUs it allocates; remove it"]}
-            )
         return data
 
 

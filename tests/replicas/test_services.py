@@ -119,10 +119,16 @@ def test_leader_ports_allocated_without_collision_and_freed():
     ModelFactory(name="m", replicas=4, gpus_per_node=2)
     reconcile.replicas_reconcile()
     ports = list(PortAllocation.objects.values_list("port", flat=True))
-    assert len(ports) == 8 and len(set(ports)) == 8
+    # Single-node leaders: one HTTP port each, on one node, none shared.
+    assert len(ports) == 4 and len(set(ports)) == 4
     for member in Member.objects.all():
         assert member.ports["http"] in ports
         assert member.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, member.gpus))
+    victim = Member.objects.order_by("id").first()
+    services.replica_fail(replica_id=victim.replica_id, reason="test")
+    _report(victim.node, **{victim.member_id: (None, False)})
+    assert not PortAllocation.objects.filter(member=victim).exists()
+    assert PortAllocation.objects.count() == 3
 
 
 def test_exited_member_fails_replica_and_replacement_is_scheduled(seeds_cluster):
