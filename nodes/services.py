@@ -46,6 +46,13 @@ def _bump_on_commit(node_name: str) -> None:
     transaction.on_commit(bump)
 
 
+def nodes_desired_changed(*, node_names: list[str]) -> None:
+    """node_desired_changed for many nodes at once (a batch of placements)."""
+    Node.objects.filter(name__in=node_names).update(desired_version=F("desired_version") + 1)
+
+    transaction.on_commit(lambda: liveness.store().bump_many(node_names, channel=watch.CHANNEL))
+
+
 def node_desired_changed(*, node_name: str) -> None:
     """What the node should run changed: bump its version (inside the caller's
     transaction) and tell its agent after commit."""
@@ -136,13 +143,17 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]]) -> None:
             Gpu.objects.create(node=node, uuid=uuid, **fields)
 
 
-def _sync_hcas(node: Node, hcas: list[dict[str, Any]]) -> None:
+def _sync_hcas(node: Node, hcas: list[dict[str, Any]], memberships: list[dict[str, Any]]) -> None:
+    # Membership is what the node states under 'fabrics'; an HCA report may
+    # leave its own 'fabric' empty (the serializer refuses contradictions).
+    stated = {hca: f["name"] for f in memberships for hca in f["hcas"]}
+    fabric_of = {h["name"]: h["fabric"] or stated.get(h["name"]) for h in hcas}
     wanted = {h["name"]: h for h in hcas}
     node.hcas.exclude(name__in=wanted).delete()
-    fabrics = {f.name: f for f in Fabric.objects.filter(name__in={h["fabric"] for h in hcas if h["fabric"]})}
+    fabrics = {f.name: f for f in Fabric.objects.filter(name__in={f for f in fabric_of.values() if f})}
     for name, data in wanted.items():
         fields = {k: data[k] for k in ("port", "state", "phys_state", "link_layer", "rate", "guid", "gid")}
-        fields["fabric"] = fabrics.get(data["fabric"]) if data["fabric"] else None
+        fields["fabric"] = fabrics.get(fabric_of[name]) if fabric_of[name] else None
         Hca.objects.update_or_create(node=node, name=name, defaults=fields)
 
 
@@ -167,7 +178,7 @@ def node_heartbeat_apply(
             if node.inventory_hash != inventory_hash:
                 _sync_fabrics(node, inventory)
                 _sync_gpus(node, inventory["gpus"])
-                _sync_hcas(node, inventory["hcas"])
+                _sync_hcas(node, inventory["hcas"], inventory["fabrics"])
                 if node.inventory_hash and node.discovery_errors != inventory["discovery_errors"]:
                     event_record(
                         kind=EventKind.NODE_INVENTORY,

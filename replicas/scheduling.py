@@ -17,13 +17,13 @@ from django.db.models import Q
 
 from nodes.choices import EventKind, EventSeverity, NodeStatus
 from nodes.models import Fabric, Gpu, Node
-from nodes.services import event_record, node_desired_changed
+from nodes.services import event_record, nodes_desired_changed
 
 from . import scheduler
 from .choices import PLACED, MemberState, ReplicaStatus
 from .launch import member_launch
 from .models import GpuAllocation, Member, Model, PortAllocation, Replica
-from .services import replica_transition
+from .services import replicas_transition_scheduled
 
 logger = logging.getLogger(__name__)
 
@@ -90,25 +90,49 @@ def cluster_snapshot() -> scheduler.ClusterSnapshot:
     return scheduler.ClusterSnapshot(snapshots, replicas)
 
 
-def _free_ports(node: Node, count: int) -> list[int]:
-    taken = set(PortAllocation.objects.filter(node=node).values_list("port", flat=True))
-    ports = []
-    for port in range(settings.LLMGW_PORT_MIN, settings.LLMGW_PORT_MAX + 1):
-        if port not in taken:
-            ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise PlacementConflict(f"node {node.name} has no free port in {settings.LLMGW_PORT_MIN}-{settings.LLMGW_PORT_MAX}")
+class _PortBook:
+    """Free ports per node, read once per batch."""
+
+    def __init__(self, node_ids: set[int]) -> None:
+        self.taken: dict[int, set[int]] = defaultdict(set)
+        for node_id, port in PortAllocation.objects.filter(node_id__in=node_ids).values_list("node_id", "port"):
+            self.taken[node_id].add(port)
+
+    def take(self, node: Node, count: int) -> list[int]:
+        taken = self.taken[node.id]
+        ports = []
+        for port in range(settings.LLMGW_PORT_MIN, settings.LLMGW_PORT_MAX + 1):
+            if port not in taken:
+                ports.append(port)
+                if len(ports) == count:
+                    taken.update(ports)
+                    return ports
+        raise PlacementConflict(
+            f"node {node.name} has no free port in {settings.LLMGW_PORT_MIN}-{settings.LLMGW_PORT_MAX}"
+        )
 
 
-def replica_persist(*, replica_id: int, placement: scheduler.Placement) -> Replica | None:
-    """Give a pending replica the placement's nodes, GPUs and ports."""
+def placements_persist(items: list[tuple[Replica, scheduler.Placement]]) -> list[Replica]:
+    """Give pending replicas their placements' nodes, GPUs and ports, in one
+    transaction. The unique GPU and port constraints have the last word: a
+    stale snapshot raises IntegrityError and nothing of the batch is kept."""
+    from .engines import member_ports
+
+    if not items:
+        return []
     with transaction.atomic():
-        replica = Replica.objects.select_for_update().select_related("model").filter(pk=replica_id).first()
-        if replica is None or replica.status != ReplicaStatus.PENDING:
-            return None
-        names = [m.node for m in placement.members]
-        nodes = {n.name: n for n in Node.objects.select_for_update().filter(name__in=names).prefetch_related("hcas__fabric")}
+        locked = {
+            r.pk: r
+            for r in Replica.objects.select_for_update(of=("self",)).select_related("model")
+            .filter(pk__in=[r.pk for r, _ in items], status=ReplicaStatus.PENDING).order_by("pk")
+        }
+        items = [(locked[r.pk], p) for r, p in items if r.pk in locked]
+        names = sorted({m.node for _, p in items for m in p.members})
+        nodes = {
+            n.name: n
+            for n in Node.objects.select_for_update(of=("self",)).filter(name__in=names).order_by("pk")
+            .prefetch_related("hcas__fabric")
+        }
         for name in names:
             if name not in nodes or nodes[name].status != NodeStatus.READY:
                 raise PlacementConflict(f"node {name} is no longer ready")
@@ -116,48 +140,52 @@ def replica_persist(*, replica_id: int, placement: scheduler.Placement) -> Repli
             (node_id, index): gpu_id
             for gpu_id, node_id, index in Gpu.objects.filter(node__name__in=names).values_list("id", "node_id", "index")
         }
-        from .engines import member_ports
-
-        members, allocated = [], []
-        for rank, spec in enumerate(placement.members):
-            node = nodes[spec.node]
-            member = Member.objects.create(replica=replica, node=node, rank=rank, gpus=list(spec.gpus))
-            GpuAllocation.objects.bulk_create(
-                [GpuAllocation(gpu_id=gpu_ids[(node.id, i)], member=member, node=node) for i in spec.gpus]
-            )
-            purposes = member_ports(replica.model.engine, nodes=replica.model.nodes, rank=rank)
-            ports = dict(zip(purposes, _free_ports(node, len(purposes)))) if purposes else {}
-            allocated += [PortAllocation(node=node, port=port, member=member, purpose=purpose)
-                          for purpose, port in ports.items()]
-            members.append((member, ports))
-        PortAllocation.objects.bulk_create(allocated)
-        leader, leader_ports = members[0][0].node, members[0][1]
-        for member, ports in members:
-            spec = member_launch(
-                model=replica.model,
-                member=member,
-                node=nodes[member.node.name],
-                fabric=placement.fabric,
-                leader=leader,
-                http_port=leader_ports["http"],
-                rendezvous_port=leader_ports.get("rendezvous"),
-                worker_port=next(iter(ports.values()), None) if member.rank else None,
-            )
-            member.argv, member.env, member.ports = spec["argv"], spec["env"], spec["ports"]
-            member.serves_http, member.health_url = spec["serves_http"], spec["health_url"] or ""
-            member.save(update_fields=["argv", "env", "ports", "serves_http", "health_url"])
-        replica.fabric = Fabric.objects.get(name=placement.fabric) if placement.fabric else None
-        replica.save(update_fields=["fabric"])
-        where = " + ".join(f"{m.node} GPUs {','.join(map(str, m.gpus))}" for m in placement.members)
-        replica_transition(
-            replica_id=replica.pk,
-            to=ReplicaStatus.SCHEDULED,
-            expected=ReplicaStatus.PENDING,
-            reason=f"on {placement.fabric or 'a fabric-less node'}: {where}",
+        fabrics = {f.name: f for f in Fabric.objects.filter(name__in={p.fabric for _, p in items if p.fabric})}
+        book = _PortBook({n.id for n in nodes.values()})
+        # Launch specs first: they depend on the placement, not on row ids,
+        # so each member is written once, whole.
+        members: list[Member] = []
+        port_plan: list[dict[str, int]] = []
+        for replica, placement in items:
+            model = replica.model
+            planned = []
+            for rank, spec in enumerate(placement.members):
+                node = nodes[spec.node]
+                purposes = member_ports(model.engine, nodes=model.nodes, rank=rank)
+                planned.append((rank, spec, node, dict(zip(purposes, book.take(node, len(purposes)))) if purposes else {}))
+            leader_ports = planned[0][3]
+            for rank, spec, node, ports in planned:
+                member = Member(replica=replica, node=node, rank=rank, gpus=list(spec.gpus))
+                launch = member_launch(
+                    model=model, member=member, node=node, fabric=placement.fabric,
+                    leader=planned[0][2], http_port=leader_ports["http"],
+                    rendezvous_port=leader_ports.get("rendezvous"),
+                    worker_port=next(iter(ports.values()), None) if rank else None,
+                )
+                member.argv, member.env, member.ports = launch["argv"], launch["env"], launch["ports"]
+                member.serves_http, member.health_url = launch["serves_http"], launch["health_url"] or ""
+                members.append(member)
+                port_plan.append(ports)
+            replica.fabric = fabrics.get(placement.fabric) if placement.fabric else None
+        Member.objects.bulk_create(members, batch_size=1000)
+        GpuAllocation.objects.bulk_create(
+            [GpuAllocation(gpu_id=gpu_ids[(m.node.id, i)], member=m, node=m.node) for m in members for i in m.gpus],
+            batch_size=2000,
         )
-        for name in names:
-            node_desired_changed(node_name=name)
-    return replica
+        PortAllocation.objects.bulk_create(
+            [PortAllocation(node=m.node, port=port, member=m, purpose=purpose)
+             for m, ports in zip(members, port_plan) for purpose, port in ports.items()],
+            batch_size=2000,
+        )
+        reasons = {
+            replica.pk: f"on {placement.fabric or 'a fabric-less node'}: "
+            + " + ".join(f"{m.node} GPUs {','.join(map(str, m.gpus))}" for m in placement.members)
+            for replica, placement in items
+        }
+        replicas = [replica for replica, _ in items]
+        replicas_transition_scheduled(replicas=replicas, reasons=reasons)
+        nodes_desired_changed(node_names=names)
+    return replicas
 
 
 def _record_pending(replica: Replica, reason: str, never: bool) -> None:
@@ -173,30 +201,34 @@ def _record_pending(replica: Replica, reason: str, never: bool) -> None:
     )
 
 
-def replicas_schedule_pending(*, attempts: int = 3) -> int:
-    """Place every pending replica that fits, oldest first. Returns how many were placed."""
+def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
+    """Place every pending replica that fits, oldest first, ``batch`` per
+    transaction. Returns how many were placed."""
     placed = 0
     for _ in range(attempts):
         pending = list(Replica.objects.filter(status=ReplicaStatus.PENDING).select_related("model").order_by("id"))
         if not pending:
             return placed
         snapshot = cluster_snapshot()
+        chosen: list[tuple[Replica, scheduler.Placement]] = []
         conflict = False
-        for replica in pending:
+        for index, replica in enumerate(pending):
             model = replica.model
             request = scheduler.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
             result = scheduler.place(request, snapshot)
             if isinstance(result, scheduler.Unplaceable):
                 _record_pending(replica, result.reason, result.never)
-                continue
-            try:
-                if replica_persist(replica_id=replica.pk, placement=result) is not None:
-                    placed += 1
-                    snapshot.allocate(result)
-            except (IntegrityError, PlacementConflict) as exc:
-                logger.info("placement conflict replica=%s: %s; retrying from a fresh snapshot", replica.pk, exc)
-                conflict = True
-                break
+            else:
+                snapshot.allocate(result)
+                chosen.append((replica, result))
+            if chosen and (len(chosen) >= batch or index == len(pending) - 1):
+                try:
+                    placed += len(placements_persist(chosen))
+                except (IntegrityError, PlacementConflict) as exc:
+                    logger.info("placement conflict (%s); retrying from a fresh snapshot", exc)
+                    conflict = True
+                    break
+                chosen = []
         if not conflict:
             return placed
     return placed

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from nodes.choices import EventKind, EventSeverity
-from nodes.models import Node
+from nodes.models import Event, Node
 from nodes.services import event_record, node_desired_changed
 
 from .choices import PLACED, REPLICA_TRANSITIONS, MemberState, ReplicaStatus
@@ -124,6 +124,36 @@ def replica_transition(
             # Routing stops now; the members stop once in-flight requests are done.
             _after_commit_reconcile(countdown=settings.LLMGW_ROUTING_SETTLE)
     return replica
+
+
+def replicas_transition_scheduled(*, replicas: list[Replica], reasons: dict[int, str]) -> None:
+    """pending -> scheduled for a batch of placements: the same checks and
+    Events as replica_transition, in a few statements. The rows are locked
+    by the caller."""
+    now = timezone.now()
+    events = []
+    for replica in replicas:
+        if ReplicaStatus.SCHEDULED not in REPLICA_TRANSITIONS[replica.status]:
+            raise InvalidReplicaTransition(f"replica {replica} is {replica.status}; it cannot become scheduled")
+        previous = replica.status
+        replica.status, replica.status_changed_at = ReplicaStatus.SCHEDULED, now
+        replica.status_reason, replica.pending_reason = reasons[replica.pk], ""
+        message = f"{replica.model.name} replica {replica.pk}: {previous} -> scheduled: {replica.status_reason}"
+        logger.info("event kind=%s subject=replica/%s %s", EventKind.REPLICA_STATUS, replica.pk, message)
+        events.append(Event(kind=EventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", message=message,
+                            data={"model": replica.model.name, "replica": replica.pk, "from": previous,
+                                  "to": ReplicaStatus.SCHEDULED}))
+    # A few plain UPDATEs, one per fabric, rather than a CASE per row: the
+    # members and the Event say exactly where each replica went.
+    by_fabric: dict = {}
+    for replica in replicas:
+        by_fabric.setdefault(replica.fabric, []).append(replica.pk)
+    for fabric, ids in by_fabric.items():
+        Replica.objects.filter(pk__in=ids).update(
+            status=ReplicaStatus.SCHEDULED, status_changed_at=now, pending_reason="", fabric=fabric,
+            status_reason=f"placed on {fabric.name if fabric else 'a fabric-less node'}",
+        )
+    Event.objects.bulk_create(events, batch_size=500)
 
 
 def replica_fail(*, replica_id: int, reason: str) -> Replica | None:

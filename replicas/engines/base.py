@@ -14,6 +14,9 @@ import logging
 from dataclasses import dataclass, field
 
 from . import flags
+from .errors import EngineArgsError, LaunchError
+
+__all__ = ["EngineAdapter", "EngineArgsError", "LaunchError", "LaunchInput", "LaunchSpec", "MANAGED_ENV"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,14 +30,6 @@ MANAGED_ENV = {
     "NCCL_SOCKET_IFNAME": "the interface comes from the node's mgmt_interface",
     "GLOO_SOCKET_IFNAME": "the interface comes from the node's mgmt_interface",
 }
-
-
-class LaunchError(ValueError):
-    """A member cannot be launched as asked; the message says what to change."""
-
-
-class EngineArgsError(LaunchError):
-    """A catalog entry's engine arguments or environment are refused."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +159,8 @@ class EngineAdapter:
         for prefix, reason in self.managed_prefixes.items():
             if flag.startswith(prefix):
                 return reason
+        if flag in ("--help", "--version"):
+            return "the engine would print it and exit"
         if flag.endswith(("-port", "-ports")):
             return "ports are allocated per node by the scheduler; a fixed one collides with the other engines on the node"
         return None
@@ -217,18 +214,36 @@ class EngineAdapter:
         return ports
 
     def environment(self, inp: LaunchInput) -> dict[str, str]:
-        env = dict(inp.env)
-        overridden = sorted(k for k in env if k in MANAGED_ENV or k in self.managed_env)
-        if overridden:
-            # The catalog refuses these; an older row that has them still
-            # launches, with the allocation's values.
-            logger.warning("engine=%s model=%s rank=%s ignoring catalog env %s", self.name, inp.model, inp.rank, ",".join(overridden))
+        managed = {k for k in inp.env if k in MANAGED_ENV or k in self.managed_env}
+        if managed:
+            # The catalog refuses these; a row that has them anyway still
+            # launches, with the allocation's values (or none: an island
+            # gets no NCCL_IB_HCA at all).
+            logger.warning("engine=%s model=%s rank=%s ignoring catalog env %s", self.name, inp.model, inp.rank, ",".join(sorted(managed)))
+        env = {k: v for k, v in inp.env.items() if k not in managed}
         env.update(node_environment(inp))
         env.update(self.engine_environment(inp))
         return env
 
     def engine_environment(self, inp: LaunchInput) -> dict[str, str]:
         return {}
+
+
+def int_flag_values(parsed: list[flags.UserFlag], wanted: tuple[str, ...]) -> tuple[dict[str, int], str]:
+    """The entry's values of these flags, and how it wrote them (for messages)."""
+    found: dict[str, int] = {}
+    written: list[str] = []
+    for item in parsed:
+        for flag in wanted:
+            if flag in item.names:
+                try:
+                    found[flag] = int(item.values[-1])
+                except (IndexError, ValueError):
+                    raise EngineArgsError(f"{item.raw}: needs a whole number") from None
+                if found[flag] < 1:
+                    raise EngineArgsError(f"{item.raw} {found[flag]}: must be at least 1")
+                written.append(item.raw if "=" in item.raw else f"{item.raw} {item.values[-1]}")
+    return found, " ".join(written)
 
 
 def node_environment(inp: LaunchInput) -> dict[str, str]:

@@ -26,6 +26,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import EngineArgsError
+
 if TYPE_CHECKING:
     from .base import EngineAdapter
 
@@ -139,17 +141,16 @@ def parse_user_args(adapter: "EngineAdapter", args: list[str], table: OptionTabl
     short, unknown, missing its value, given a value it does not take, or a
     stray positional argument.
     """
-    from .base import EngineArgsError
-
     if not isinstance(args, (list, tuple)):
         raise EngineArgsError(f"args must be a list of strings, not {type(args).__name__}")
+    for i, token in enumerate(args):
+        if not isinstance(token, str):
+            raise EngineArgsError(f"args[{i}] must be a string, not {type(token).__name__} ({token!r})")
     engine = f"{adapter.name} {table.version}" if table else adapter.name
     parsed: list[UserFlag] = []
     i = 0
     while i < len(args):
         token = args[i]
-        if not isinstance(token, str):
-            raise EngineArgsError(f"args[{i}] must be a string, not {type(token).__name__} ({token!r})")
         if token == "--":
             raise EngineArgsError("args: a bare '--' is not allowed; every argument must belong to a flag")
         if not looks_like_flag(token):
@@ -169,13 +170,13 @@ def parse_user_args(adapter: "EngineAdapter", args: list[str], table: OptionTabl
         if option is None or dotted:
             # Unknown to us (no table), or one key of a JSON option: whatever
             # follows until the next flag is its value.
-            while not has_inline and i < len(args) and isinstance(args[i], str) and not looks_like_flag(args[i]):
+            while not has_inline and i < len(args) and not looks_like_flag(args[i]):
                 values.append(args[i])
                 i += 1
             if dotted and not values:
                 raise EngineArgsError(f"{token}: needs a value")
         else:
-            i = _take_values(token, option, args, i, values, has_inline, EngineArgsError)
+            i = _take_values(token, option, args, i, values, has_inline)
         if table is not None:
             names = table.aliases(name)
         else:
@@ -186,8 +187,6 @@ def parse_user_args(adapter: "EngineAdapter", args: list[str], table: OptionTabl
 
 
 def _resolve(adapter: "EngineAdapter", name: str, token: str, table: OptionTable | None, engine: str) -> Option | None:
-    from .base import EngineArgsError
-
     if table is not None:
         if name in table.options:
             return table.options[name]
@@ -206,13 +205,13 @@ def _resolve(adapter: "EngineAdapter", name: str, token: str, table: OptionTable
     return None
 
 
-def _take_values(token: str, option: Option, args: list[str], i: int, values: list[str], has_inline: bool, error: type) -> int:
+def _take_values(token: str, option: Option, args: list[str], i: int, values: list[str], has_inline: bool) -> int:
     def free(j: int) -> bool:
-        return j < len(args) and isinstance(args[j], str) and not looks_like_flag(args[j])
+        return j < len(args) and not looks_like_flag(args[j])
 
     if option.value == "none":
         if has_inline:
-            raise error(f"{token}: takes no value")
+            raise EngineArgsError(f"{token}: takes no value")
         return i
     if has_inline:
         return i
@@ -228,9 +227,9 @@ def _take_values(token: str, option: Option, args: list[str], i: int, values: li
         values.append(args[i])
         i += 1
     if len(values) < wanted:
-        raise error(f"{token}: needs a value")
+        raise EngineArgsError(f"{token}: needs a value")
     if option.choices is not None and option.nargs is None and values[0] not in option.choices:
-        raise error(f"{token} {values[0]}: not one of {_some(list(option.choices), 8)}")
+        raise EngineArgsError(f"{token} {values[0]}: not one of {_some(list(option.choices), 8)}")
     return i
 
 

@@ -26,8 +26,7 @@ vLLM's ``VLLM_HOST_IP``: otherwise SGLang guesses it from the interfaces.
 from __future__ import annotations
 
 from . import flags
-from .base import EngineAdapter, EngineArgsError, LaunchError, LaunchInput
-from .vllm import _int_values
+from .base import EngineAdapter, EngineArgsError, LaunchError, LaunchInput, int_flag_values
 
 PYTHON = "python"  # the engine's interpreter on the node (its venv first on PATH)
 
@@ -78,7 +77,7 @@ class SglangAdapter(EngineAdapter):
             raise EngineArgsError(f"name {name!r}: SGLang refuses a ':' in the served model name (it marks a LoRA adapter)")
 
     def parallel_layout(self, parsed: list[flags.UserFlag], *, nodes: int, gpus_per_node: int) -> dict[str, int]:
-        given = _int_values(parsed, (TP, PP))
+        given, written = int_flag_values(parsed, (TP, PP))
         total = nodes * gpus_per_node
         tp, pp = given.get(TP), given.get(PP)
         if tp is None and pp is None:
@@ -88,9 +87,8 @@ class SglangAdapter(EngineAdapter):
         elif pp is None:
             pp = total // tp if total % tp == 0 else 0
         if not tp or not pp or tp * pp != total:
-            shown = " x ".join(f"{flag} {value}" for flag, value in given.items())
             raise EngineArgsError(
-                f"{shown}: a replica has {nodes} node(s) x {gpus_per_node} GPUs = {total}; {TP} x {PP} must equal {total}"
+                f"{written}: a replica has {nodes} node(s) x {gpus_per_node} GPUs = {total}; {TP} x {PP} must equal {total}"
             )
         return {"tensor": tp, "pipeline": pp}
 

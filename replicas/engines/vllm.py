@@ -21,7 +21,7 @@ default route, not necessarily the interface the other nodes reach.
 from __future__ import annotations
 
 from . import flags
-from .base import EngineAdapter, EngineArgsError, LaunchInput
+from .base import EngineAdapter, EngineArgsError, LaunchInput, int_flag_values
 
 VLLM = "vllm"
 
@@ -63,7 +63,7 @@ class VllmAdapter(EngineAdapter):
                          "--master-port", "--distributed-executor-backend", "--headless"})
 
     def parallel_layout(self, parsed: list[flags.UserFlag], *, nodes: int, gpus_per_node: int) -> dict[str, int]:
-        given = _int_values(parsed, (TP, PP, PCP))
+        given, written = int_flag_values(parsed, (TP, PP, PCP))
         total = nodes * gpus_per_node
         tp, pp, pcp = given.get(TP), given.get(PP), given.get(PCP, 1)
         if tp is None and pp is None and pcp == 1:
@@ -74,9 +74,8 @@ class VllmAdapter(EngineAdapter):
         elif pp is None:
             pp = total // (tp * pcp) if total % (tp * pcp) == 0 else 0
         if not tp or not pp or tp * pp * pcp != total:
-            shown = " x ".join(f"{flag} {value}" for flag, value in given.items())
             raise EngineArgsError(
-                f"{shown}: a replica has {nodes} node(s) x {gpus_per_node} GPUs = {total}; "
+                f"{written}: a replica has {nodes} node(s) x {gpus_per_node} GPUs = {total}; "
                 f"{TP} x {PP}{' x ' + PCP if PCP in given else ''} must equal {total}"
             )
         return {"tensor": tp, "pipeline": pp}
@@ -103,17 +102,3 @@ class VllmAdapter(EngineAdapter):
 
     def engine_environment(self, inp: LaunchInput) -> dict[str, str]:
         return {"VLLM_HOST_IP": inp.mgmt_addr}
-
-
-def _int_values(parsed: list[flags.UserFlag], wanted: tuple[str, ...]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for item in parsed:
-        for flag in wanted:
-            if flag in item.names:
-                try:
-                    found[flag] = int(item.values[-1])
-                except (IndexError, ValueError):
-                    raise EngineArgsError(f"{item.raw}: needs a whole number") from None
-                if found[flag] < 1:
-                    raise EngineArgsError(f"{item.raw} {found[flag]}: must be at least 1")
-    return found
