@@ -36,6 +36,9 @@ def main() -> int:
     parser.add_argument("--grace", type=float, default=3.0, help="LLMGW_NODE_GRACE in seconds (default 3)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--mode", choices=["kill", "freeze", "both"], default="both",
+                        help="kill: the node dies with its engines (the replica's group breaks at once); "
+                        "freeze: only its agent stops (SIGSTOP), so only the lost-node sweep can tell")
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-failover-"))
@@ -97,14 +100,18 @@ def main() -> int:
         wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == 4, timeout=60, what="4 ready nodes")
         catalog_apply(entries=[{"name": "llama-70b", "engine": "sim", "model": "/models/llama-70b",
                                 "nodes": 2, "gpus_per_node": 4, "replicas": 2}])
-        for run in range(args.runs):
+        modes = ["kill", "freeze"] if args.mode == "both" else [args.mode]
+        for run, mode in [(r, m) for m in modes for r in range(args.runs)]:
             wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == 2, timeout=90,
                        what="two ready replicas")
             victim_replica = Replica.objects.filter(status=ReplicaStatus.READY).order_by("id").first()
             victim = victim_replica.members.order_by("-rank").first().node.name
             before = set(Replica.objects.values_list("pk", flat=True))
             t_kill = time.time()
-            cluster.kill_node(victim)
+            if mode == "kill":
+                cluster.kill_node(victim)
+            else:
+                cluster.freeze_agent(victim)
             lost = wait_until(
                 lambda: Event.objects.filter(subject=f"node/{victim}", data__to="lost",
                                              created_at__gte=_dt(t_kill)).first(),
@@ -117,24 +124,34 @@ def main() -> int:
                 .exclude(data__replica__in=list(before)).first(),
                 timeout=60, interval=0.02, what="replacement ready")
             t_lost, t_failed, t_ready = (e.created_at.timestamp() for e in (lost, failed, ready))
-            results.append((t_lost - t_kill, t_failed - t_lost, t_ready - t_lost))
-            print(f"run {run + 1}: {victim} killed; lost after {t_lost - t_kill:.2f}s; replica failed "
-                  f"{t_failed - t_lost:.3f}s later; replacement ready {t_ready - t_lost:.2f}s after lost", flush=True)
-            # Bring the node back for the next run: it rejoins empty.
-            cluster.start_agent(victim)
+            results.append((mode, t_lost - t_kill, t_failed - t_kill, t_ready - t_kill, t_ready - t_lost))
+            print(f"{mode} {run + 1}: {victim}: replica failed after {t_failed - t_kill:.2f}s, node lost after "
+                  f"{t_lost - t_kill:.2f}s, replacement ready after {t_ready - t_kill:.2f}s "
+                  f"({t_ready - t_lost:+.2f}s from lost)", flush=True)
+            # Bring the node back for the next run: it rejoins empty (a frozen
+            # agent, thawed, stops the engines of its failed replica at once).
+            if mode == "kill":
+                cluster.start_agent(victim)
+            else:
+                cluster.thaw_agent(victim)
             wait_until(lambda: Node.objects.get(name=victim).status == NodeStatus.READY, timeout=30,
                        what=f"{victim} back")
     finally:
         cluster.stop()
     print()
-    print(f"grace period {args.grace:.1f}s, heartbeat 1s, sweep every 0.5s; {len(results)} run(s)")
-    print(f"{'':34}{'median':>8}{'max':>8}")
-    for label, index in (("kill -> declared lost", 0), ("lost -> replica failed", 1),
-                         ("lost -> replacement ready", 2)):
-        values = [r[index] for r in results]
-        print(f"{label:34}{statistics.median(values):>7.2f}s{max(values):>7.2f}s")
-    goal = max(r[2] for r in results) <= 2.0
-    print(f"goal (replacement ready within 2 s of lost): {'met' if goal else 'NOT met'}")
+    print(f"grace period {args.grace:.1f}s, heartbeat 1s, sweep every 0.5s")
+    print(f"{'':40}{'median':>9}{'max':>9}")
+    for mode in modes:
+        rows = [r for r in results if r[0] == mode]
+        print(f"{mode} ({len(rows)} runs): " + ("the node and its engines die" if mode == "kill"
+                                               else "only the agent stops; engines run on"))
+        for label, index in (("  -> replica failed", 2), ("  -> node declared lost", 1),
+                             ("  -> replacement ready", 3), ("  node declared lost -> replacement ready", 4)):
+            values = [r[index] for r in rows]
+            print(f"{label:40}{statistics.median(values):>8.2f}s{max(values):>8.2f}s")
+    worst = max(r[4] for r in results)
+    print(f"goal (replacement ready within 2 s of the node being declared lost): "
+          f"{'met' if worst <= 2.0 else 'NOT met'} (worst {worst:+.2f}s)")
     return 0
 
 
