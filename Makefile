@@ -1,45 +1,73 @@
 # The two commands of a fresh machine:
 #   make up     llmgw on its embedded default (SQLite, file broker) under ./var
 #   make test   the test suite, against PostgreSQL and Redis on 127.0.0.1
+# Each creates the virtual environment it needs in .venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip --disable-pip-version-check
+# The project is installed editable, and an editable install learns its
+# top-level packages when it is made: a new package means installing again.
+PACKAGES := $(wildcard */__init__.py)
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+# What the targets in mk/*.mk depend on: everything installed.
+STAMP := $(DEV_STAMP)
 
-TEST_ENV := DATABASE_URL=postgres://postgres@127.0.0.1:5432/llmgw \
-	CELERY_BROKER_URL=redis://127.0.0.1:6379/15 \
-	LLMGW_REDIS_URL=redis://127.0.0.1:6379/15 \
+# What `make test` runs, and what the README tells you to run by hand. The
+# suite creates and drops test_<database> and empties that Redis database.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/llmgw
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
+	CELERY_BROKER_URL=$(TEST_REDIS_URL) \
+	LLMGW_REDIS_URL=$(TEST_REDIS_URL) \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
+TEST_CMD := $(TEST_ENV) $(PY) -m pytest
 
-.PHONY: up test venv demo bench-heartbeats clean
+.PHONY: up demo test venv venv-dev test-deps services bench-heartbeats clean
+# A bare `make` only prepares .venv (the files in mk/ define targets first).
+.DEFAULT_GOAL := venv
 
 # Targets of later capabilities live beside this file, one file each.
 -include mk/*.mk
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+$(RUN_STAMP): requirements.txt pyproject.toml $(PACKAGES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
-	$(PY) -m pip install --quiet --no-deps -e .
-	touch $(STAMP)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet --no-deps -e .
+	touch $@
 
-venv: $(STAMP)
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt
+	$(PIP) install --quiet -r requirements-dev.txt
+	touch $@
 
-up: $(STAMP)
-	$(VENV)/bin/llmgw up
+venv: $(RUN_STAMP)
 
-test: $(STAMP)
-	scripts/test-deps.sh
-	scripts/services.sh
-	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+venv-dev: $(DEV_STAMP)
 
-bench-heartbeats: $(STAMP)
-	scripts/services.sh
+# The first thing to run on a fresh machine: llmgw on its embedded default with
+# a simulated cluster of four nodes in two fabrics and a sample catalog.
+demo: $(RUN_STAMP)
+	$(VENV)/bin/llmgw demo $(DEMO_ARGS)
+
+# `make up UP_ARGS="--web-port 8080 --host 0.0.0.0"` passes options to `llmgw up`.
+up: $(RUN_STAMP)
+	$(VENV)/bin/llmgw up $(UP_ARGS)
+
+# Debian's Chromium for the browser tests, and PostgreSQL and Redis running.
+test-deps:
+	bash scripts/test-deps.sh
+
+services:
+	bash scripts/services.sh
+
+# `make test PYTEST_ARGS="-k outage -x"` narrows the run.
+test: $(DEV_STAMP) test-deps services
+	$(TEST_CMD) $(PYTEST_ARGS)
+
+bench-heartbeats: $(DEV_STAMP) services
 	$(TEST_ENV) $(PY) bench/heartbeats.py
 
 clean:
 	rm -rf $(VENV) var
-
-# The first thing to run on a fresh machine: llmgw with a simulated cluster.
-demo: $(STAMP)
-	$(VENV)/bin/llmgw demo

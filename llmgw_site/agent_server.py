@@ -10,22 +10,32 @@ This worker does the TLS handshake in the main loop, non-blocking, under a
 deadline, and hands a connection to a thread only once it is verified and has
 bytes to read. A thread reading a request gives up after ``REQUEST_TIMEOUT``.
 The SSL context is built once per worker rather than once per connection.
+
+Every agent heartbeats through here, thousands of times a second on two
+cores, so the per-request machinery is trimmed too (bench/heartbeats.py
+measures it): a whole response goes out as one TLS record with its length
+rather than chunked in three, and the thread pool hands connections over a
+plain queue instead of a Future, a Condition and a callback list per request.
 """
 
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
+import queue
 import selectors
 import ssl
 import sys
 import threading
 import time
+from datetime import datetime
 from functools import partial
 
-from gunicorn import http
+from gunicorn import http, util
 from gunicorn import sock as gsock
+from gunicorn.http import wsgi
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 logger = logging.getLogger(__name__)
@@ -48,12 +58,119 @@ class _TimedSSLSocket(ssl.SSLSocket):
 class _VerifiedConn(TConn):
     """A connection whose TLS handshake the main loop already completed."""
 
+    keepalive = 2.0  # the worker sets --keep-alive here once; cfg lookups are not free
+
     def init(self) -> None:
         if self.initialized:
             return
         self.initialized = True
         self.sock.setblocking(True)
         self.parser = http.get_parser(self.cfg, self.sock, self.client)
+
+    def set_timeout(self) -> None:
+        self.timeout = time.monotonic() + self.keepalive
+
+
+class _OneWriteResponse(wsgi.Response):
+    """gunicorn's response, with the headers held back until the body (or the
+    end) so that they leave together: one TLS record and one send per answer
+    instead of three (headers, chunk, last chunk), each of which gives up the
+    GIL and waits to take it back."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._head = b""
+
+    def send_headers(self) -> None:
+        if self.headers_sent:
+            return
+        lines = self.default_headers()
+        lines.extend(f"{k}: {v}\r\n" for k, v in self.headers)
+        self._head = ("".join(lines) + "\r\n").encode("latin-1")
+        self.headers_sent = True
+
+    def _emit_body(self, data: bytes) -> None:
+        if self.chunked:
+            data = b"%X\r\n%b\r\n" % (len(data), data)
+        head, self._head = self._head, b""
+        self.sock.sendall(head + data if head else data)
+
+    def write_whole(self, body: bytes) -> None:
+        """A body known in full goes out with its length rather than chunked."""
+        if self.chunked and not self.headers_sent:
+            self.headers.append(("Content-Length", str(len(body))))
+            self.response_length = len(body)
+            self.chunked = False
+        self.write(body)
+
+    def close(self) -> None:
+        if not self.headers_sent:
+            self.send_headers()
+        head, self._head = self._head, b""
+        tail = b"0\r\n\r\n" if self.chunked else b""
+        if head or tail:
+            self.sock.sendall(head + tail)
+
+
+class _Finished:
+    """What ``finish_request`` reads of a finished job (a Future's interface)."""
+
+    __slots__ = ("_result", "_error")
+
+    def __init__(self, result, error: BaseException | None = None) -> None:
+        self._result = result
+        self._error = error
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class _ConnectionPool:
+    """Threads taking connections off one queue and handing them back to the
+    main loop: what gthread's ThreadPoolExecutor did, without the Future,
+    Condition and callbacks it built for every request."""
+
+    def __init__(self, worker: "AgentApiWorker", threads: int) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = worker
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"agent-api-{i}", daemon=True) for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def put(self, conn) -> None:
+        self._jobs.put(conn)
+
+    def _serve(self) -> None:
+        worker = self._worker
+        while True:
+            conn = self._jobs.get()
+            if conn is None:
+                return
+            try:
+                finished = _Finished(worker.handle(conn))
+            except BaseException as exc:  # noqa: BLE001 - finish_request closes the connection
+                finished = _Finished(None, exc)
+            worker.method_queue.defer(worker.finish_request, conn, finished)
+
+    def shutdown(self, wait: bool = False) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class AgentApiWorker(ThreadWorker):
@@ -71,10 +188,83 @@ class AgentApiWorker(ThreadWorker):
             self._context = context
         return self._context
 
+    def get_thread_pool(self) -> _ConnectionPool:
+        _VerifiedConn.keepalive = float(self.cfg.keepalive)
+        return _ConnectionPool(self, self.cfg.threads)
+
     def run(self) -> None:
+        from nodes import liveness
+
         self.ssl_context()
+        liveness.store().serve_heartbeats()
         threading.Thread(target=_listener_alive_loop, name="listener-alive", daemon=True).start()
+        # Django, the URLconf and the ORM are loaded for good: keep the
+        # collector from walking them again on every full collection, which
+        # at a thousand requests a second shows up in the slowest answers.
+        gc.collect()
+        gc.freeze()
         super().run()
+
+    # --- serving ----------------------------------------------------------------
+
+    def enqueue_req(self, conn) -> None:
+        self.tpool.put(conn)
+
+    def handle_request(self, req, conn) -> bool:
+        """gthread's ``handle_request`` with ``_OneWriteResponse``, and a
+        non-streaming body sent whole with its length."""
+        environ: dict = {}
+        resp = None
+        try:
+            self.cfg.pre_request(self, req)
+            request_start = datetime.now()
+            resp, environ = wsgi.create(
+                req, conn.sock, conn.client, conn.server, self.cfg, response_class=_OneWriteResponse
+            )
+            environ["wsgi.multithread"] = True
+            self.nr += 1
+            if self.nr >= self.max_requests:
+                if self.alive:
+                    self.log.info("Autorestarting worker after current request.")
+                    self.alive = False
+                resp.force_close()
+            if not self.alive or not self.cfg.keepalive:
+                resp.force_close()
+            elif len(self.keepalived_conns) >= self.max_keepalived:
+                resp.force_close()
+
+            respiter = self.wsgi(environ, resp.start_response)
+            try:
+                if isinstance(respiter, environ["wsgi.file_wrapper"]):
+                    resp.write_file(respiter)
+                elif isinstance(respiter, list) or getattr(respiter, "streaming", True) is False:
+                    # A list, or a Django HttpResponse (not a StreamingHttpResponse).
+                    resp.write_whole(b"".join(respiter))
+                else:
+                    for item in respiter:
+                        resp.write(item)
+                resp.close()
+            finally:
+                self.log.access(resp, req, environ, datetime.now() - request_start)
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                return False
+        except OSError:
+            util.reraise(*sys.exc_info())
+        except (Exception, SystemExit):
+            if resp and resp.headers_sent and not resp._head:
+                # Bytes of this response are on the wire: a 500 now would corrupt it.
+                self.log.exception("Error handling request")
+                util.close_graceful(conn.sock)
+                raise StopIteration()
+            raise
+        finally:
+            try:
+                self.cfg.post_request(self, req, environ, resp)
+            except Exception:  # noqa: BLE001 - as gthread: a hook's failure is logged, not served
+                self.log.exception("Exception in post_request hook")
+        return True
 
     # --- accepting and handshaking ----------------------------------------------
 

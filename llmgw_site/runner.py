@@ -60,8 +60,10 @@ def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers
     pki = Path(settings.PKI_DIR)
     embedded = settings.CELERY_BROKER_URL.startswith("filesystem://")
     return {
+        # Lifespan events start the gateway's routing table before the first
+        # /v1 request and write its last usage counts on the way out.
         "web": [py, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", host, "--port", str(web_port),
-                "--no-access-log", "--lifespan", "off"],
+                "--no-access-log", "--lifespan", "on"],
         "agent-api": gunicorn_argv(
             host=host, port=agent_port, certfile=str(pki / SERVER_CERT), keyfile=str(pki / SERVER_KEY),
             cafile=str(pki / CA_CERT), workers=agent_workers,
@@ -75,8 +77,10 @@ def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers
 
 
 def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2) -> int:
-    for line in first_run(host=host):
+    lines = first_run(host=host)
+    for line in lines:
         print(line, flush=True)
+    password_shown = any(line.startswith("created user") for line in lines)
     if settings.CELERY_BROKER_URL.startswith("filesystem://"):
         for folder in settings.CELERY_BROKER_TRANSPORT_OPTIONS.values():
             if isinstance(folder, str):
@@ -102,8 +106,8 @@ def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2)
         f"  data        {settings.DATA_DIR}  (database: {db['ENGINE'].rsplit('.', 1)[-1]}, broker: "
         f"{settings.CELERY_BROKER_URL.split('://')[0]})\n"
         "  a node      llmgw ctl cert issue-client NODE --out DIR, then llmgw agent --config agent.yaml\n"
-        "  no admin password? python manage.py changepassword admin (with the same LLMGW_DATA_DIR)\n"
-        "Ctrl-C stops everything.\n",
+        + ("" if password_shown else _forgot_password_hint())
+        + "Ctrl-C stops everything.\n",
         flush=True,
     )
     exit_code = 0
@@ -116,13 +120,29 @@ def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2)
                 break
         time.sleep(0.3)
     for child in children.values():
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
+        _signal_group(child, signal.SIGTERM)
     deadline = time.monotonic() + 10
     for child in children.values():
         try:
             child.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
+            _signal_group(child, signal.SIGKILL)
             child.wait()
     return exit_code
+
+
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    """Signal a child's whole process group (gunicorn has workers of its own);
+    a group that has already gone is not an error."""
+    try:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _forgot_password_hint() -> str:
+    manage = Path(settings.BASE_DIR) / "manage.py"
+    return (
+        "  login       as 'admin', with the password printed on the first run; to set a new one:\n"
+        f"              LLMGW_DATA_DIR={settings.DATA_DIR} {sys.executable} {manage} changepassword admin\n"
+    )

@@ -30,15 +30,30 @@ class NodeAdmin(admin.ModelAdmin):
     def cordon(self, request, queryset):
         from .services import node_cordon
 
-        for node in queryset:
-            node_cordon(node_name=node.name)
+        self._each(request, queryset, node_cordon, "cordoned")
 
     @admin.action(description="Uncordon the selected nodes")
     def uncordon(self, request, queryset):
         from .services import node_uncordon
 
+        self._each(request, queryset, node_uncordon, "uncordoned")
+
+    def _each(self, request, queryset, service, done: str) -> None:
+        """Apply a transition per node; a node that cannot make it is reported, not a 500."""
+        from django.contrib import messages
+
+        from .exceptions import InvalidTransition, NotFound
+
+        changed = []
         for node in queryset:
-            node_uncordon(node_name=node.name)
+            try:
+                service(node_name=node.name)
+            except (InvalidTransition, NotFound) as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+            else:
+                changed.append(node.name)
+        if changed:
+            self.message_user(request, f"{done}: {', '.join(changed)}", messages.SUCCESS)
 
 
 @admin.register(Fabric)

@@ -1,11 +1,13 @@
 """The heartbeat's hot path.
 
 Most heartbeats say nothing new: same inventory, same engines, same desired
-state. Those are answered from a per-process cache after one round trip to
-the liveness store (which records the heartbeat and returns the node's
-generation). Anything new (a changed inventory or engine, a generation bumped
-by a status or desired-state change, a node we have not cached) goes to the
-database through ``services.node_heartbeat_apply``.
+state. Those are answered from a per-process cache, and the liveness store
+records them (in the agent API, written behind without a round trip; see
+``liveness.HeartbeatFeed``) and says whether the node's cached state is still
+current. Anything new (a changed inventory or engine, a status or
+desired-state change, a node we have not cached) goes to the database, and
+is validated before anything about it is recorded, liveness included: a
+refused heartbeat stores nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class HeartbeatInvalid(ValueError):
 
 @dataclass(frozen=True)
 class _Known:
-    generation: int
+    version: Any  # the liveness store's cache version of the node when this was read
     status: str
     inventory_hash: str
     engines_hash: str
@@ -81,15 +83,17 @@ def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]
     store = liveness.store()
     inv_hash = inventory_hash(payload)
     eng_hash = engines_hash(payload.get("engines", []))
-    generation = store.touch(node_name, time.time())
     known = _known.get(node_name) if store.caches_nodes else None
-    if (
-        known is not None
-        and known.generation == generation
-        and known.inventory_hash == inv_hash
-        and known.engines_hash == eng_hash
-    ):
-        return _reply(node_name, known)
+    recorded = False
+    if known is not None and known.inventory_hash == inv_hash and known.engines_hash == eng_hash:
+        # The heartbeat we validated and stored last time: only liveness is news.
+        version = store.heard(node_name, time.time())
+        if version == known.version:
+            return _reply(node_name, known)
+        recorded = True
+    else:
+        # Read before the row, so that a change made meanwhile shows as a new version.
+        version = store.version(node_name)
 
     row = (
         Node.objects.filter(name=node_name)
@@ -113,8 +117,10 @@ def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]
             engines=[dict(e) for e in data["engines"]],
         )
         row = {"status": node.status, "desired_version": node.desired_version}
+    if not recorded:
+        store.record(node_name, time.time())
     known = _Known(
-        generation=generation,
+        version=version,
         status=row["status"],
         inventory_hash=inv_hash,
         engines_hash=eng_hash,

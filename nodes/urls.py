@@ -4,5 +4,5 @@ from . import views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
-    path("nodes/<str:name>/", views.node_detail, name="node-detail"),
+    path("nodes/<str:name>/", views.node_detail, name="dashboard-node"),
 ]

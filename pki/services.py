@@ -53,9 +53,11 @@ def pki_dir() -> Path:
 def _write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # An existing file keeps its mode through O_CREAT: tighten it before the
+    # key is written, not after.
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
-    os.chmod(path, 0o600)
 
 
 def _write_public(path: Path, data: bytes) -> None:
@@ -157,6 +159,8 @@ def _issue(
     days: int,
     not_before: dt.datetime | None = None,
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, bytes]:
+    if days < 1:
+        raise PkiError(f"a certificate must be valid for at least one day, not {days}")
     ca_cert, ca_key, ca_pem = _ca()
     key = ec.generate_private_key(ec.SECP256R1())
     start = not_before or dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
@@ -204,7 +208,7 @@ def cert_issue_client(
         kind=CertificateKind.CLIENT,
         usage=ExtendedKeyUsageOID.CLIENT_AUTH,
         sans=[x509.DNSName(node_id)],
-        days=days or settings.LLMGW_CERT_DAYS,
+        days=settings.LLMGW_CERT_DAYS if days is None else days,
         not_before=not_before,
     )
     with transaction.atomic():
@@ -234,7 +238,7 @@ def cert_issue_server(
         kind=CertificateKind.SERVER,
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
         sans=sans,
-        days=days or settings.LLMGW_CERT_DAYS,
+        days=settings.LLMGW_CERT_DAYS if days is None else days,
     )
     with transaction.atomic():
         row = _record(cert, kind=CertificateKind.SERVER, sans=[*hosts, *ips])
@@ -242,7 +246,9 @@ def cert_issue_server(
     if install:
         _write_private(pki_dir() / SERVER_KEY, issued.key_pem)
         _write_public(pki_dir() / SERVER_CERT, issued.cert_pem)
-    logger.info("pki server certificate issued cn=%s sans=%s serial=%s", common_name, sans, row.serial)
+    logger.info(
+        "pki server certificate issued cn=%s sans=%s serial=%s", common_name, ",".join(row.subject_alt_names), row.serial
+    )
     return issued
 
 
@@ -273,13 +279,22 @@ def bundle_write(*, issued: Issued, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def _serial_key(target: str) -> str:
+    """A serial as we store it, from any spelling an operator copies: ours,
+    ``openssl x509 -serial`` (upper case) or ``-text`` (colons, leading zeros)."""
+    text = target.strip().lower().replace(":", "")
+    text = text[2:] if text.startswith("0x") else text
+    if text and all(c in "0123456789abcdef" for c in text):
+        return text.lstrip("0") or "0"
+    return target
+
+
 def cert_revoke(*, target: str, reason: str = "") -> list[Certificate]:
     """Revoke by serial (hex) or by node id (every live client certificate of it)."""
     now = timezone.now()
+    serial = _serial_key(target)
     with transaction.atomic():
-        rows = list(
-            Certificate.objects.select_for_update().filter(serial=target.lower(), revoked_at=None)
-        )
+        rows = list(Certificate.objects.select_for_update().filter(serial=serial, revoked_at=None))
         if not rows:
             rows = list(
                 Certificate.objects.select_for_update().filter(
@@ -287,7 +302,7 @@ def cert_revoke(*, target: str, reason: str = "") -> list[Certificate]:
                 )
             )
         if not rows:
-            if Certificate.objects.filter(serial=target.lower()).exists() or Certificate.objects.filter(
+            if Certificate.objects.filter(serial=serial).exists() or Certificate.objects.filter(
                 common_name=target, kind=CertificateKind.CLIENT
             ).exists():
                 raise PkiError(f"every certificate matching {target!r} is already revoked")

@@ -6,8 +6,9 @@ from nodes.models import Fabric, Gpu, Node
 from .choices import Engine, MemberState, ReplicaStatus
 
 MODEL_NAME = RegexValidator(
-    r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
-    "a model name is 1-128 letters, digits, '.', '_', ':', '/' or '-', starting with a letter or digit",
+    r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+    "a model name is 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit "
+    "(no '/': it is part of the API's URLs; put the weights' path in 'model')",
 )
 
 

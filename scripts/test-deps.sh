@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# What the tests need beyond Python packages: Debian's chromium for the
-# browser tests (Playwright drives /usr/bin/chromium; it never downloads one).
+# What the tests need beyond Python packages: Debian's Chromium for the
+# browser tests. Playwright drives /usr/bin/chromium; it never downloads a
+# browser of its own (`playwright install` is not used).
 set -euo pipefail
-if ! command -v chromium >/dev/null 2>&1; then
+CHROMIUM=/usr/bin/chromium
+
+if [ ! -x "$CHROMIUM" ]; then
   echo "installing chromium (Debian) for the browser tests"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "chromium is missing: install Debian's 'chromium' package as root" >&2; exit 1; }
+    SUDO="sudo"
+  fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq chromium >/dev/null
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+# A Chromium that cannot start fails every browser test the same way: say so once.
+profile="$(mktemp -d)"
+trap 'rm -rf "$profile"' EXIT
+if ! timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-background-networking \
+    --disable-component-update --disable-sync --no-first-run --user-data-dir="$profile" \
+    --dump-dom 'data:text/html,<p>ok</p>' 2>/dev/null | grep -q '<p>ok</p>'; then
+  echo "$CHROMIUM is installed but does not start headless" >&2
+  exit 1
 fi

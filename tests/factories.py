@@ -17,6 +17,8 @@ class NodeFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Node
         django_get_or_create = ("name",)
+        # The fabrics hook writes the m2m itself; no second save of the node.
+        skip_postgeneration_save = True
 
     name = factory.Sequence(lambda n: f"node{n:02d}")
     status = NodeStatus.READY

@@ -9,7 +9,8 @@ class GpuSerializer(serializers.Serializer):
     index = serializers.IntegerField(min_value=0, max_value=1023)
     uuid = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=128)
-    memory_mib = serializers.IntegerField(min_value=0)
+    # Stored in a PositiveIntegerField: refuse what the database would, as a 400.
+    memory_mib = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
     pci_bus_id = serializers.CharField(max_length=32)
 
 

@@ -67,6 +67,32 @@ def ping(request):
     return JsonResponse({"ok": True, "cn": peer.common_name if peer else None})
 
 
+def _read_body(request) -> tuple[bytes, JsonResponse | None]:
+    """The request body, refused if over ``LLMGW_MAX_HEARTBEAT_BYTES``.
+
+    A declared length is checked before reading anything. A chunked body has
+    none (and Django would read it as empty): read at most one byte past the
+    limit from the server's de-chunking input stream.
+    """
+    limit = settings.LLMGW_MAX_HEARTBEAT_BYTES
+    too_big = f"heartbeat is over the limit of {limit} bytes; nothing was stored"
+    if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+        body = request.environ["wsgi.input"].read(limit + 1)
+        if len(body) > limit:
+            return b"", _error(413, too_big)
+        return body, None
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return b"", _error(400, "the Content-Length header is not a number")
+    if length > limit:
+        return b"", _error(413, f"heartbeat of {length} bytes is over the limit of {limit}; nothing was stored")
+    try:
+        return request.body, None
+    except RequestDataTooBig:
+        return b"", _error(413, too_big)
+
+
 @csrf_exempt
 @require_POST
 def heartbeat(request, node_id: str):
@@ -77,15 +103,15 @@ def heartbeat(request, node_id: str):
     refusal = authorize_node(request, node_id)
     if refusal is not None:
         return refusal
-    length = int(request.META.get("CONTENT_LENGTH") or 0)
-    if length > settings.LLMGW_MAX_HEARTBEAT_BYTES:
-        return _error(413, f"heartbeat of {length} bytes is over the limit of {settings.LLMGW_MAX_HEARTBEAT_BYTES}")
+    body, refusal = _read_body(request)
+    if refusal is not None:
+        return refusal
     try:
-        payload = json.loads(request.body)
-    except RequestDataTooBig:
-        return _error(413, f"heartbeat is over the limit of {settings.LLMGW_MAX_HEARTBEAT_BYTES} bytes")
+        payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, f"the body is not valid JSON: {exc}")
+    except RecursionError:
+        return _error(400, "the body is not valid JSON: nested too deeply")
     if not isinstance(payload, dict):
         return _error(400, "the body must be a JSON object (see agent.protocol.Heartbeat)")
     try:

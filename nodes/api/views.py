@@ -38,6 +38,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 class FabricViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = FabricSerializer
     lookup_field = "name"
+    # Fabric names may contain dots (the router's default stops at them).
+    lookup_value_regex = "[^/]+"
 
     def get_queryset(self):
         return selectors.fabric_list()

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from ..choices import Engine, ReplicaStatus
-from ..models import Drain, Member, Model, Replica
+from ..models import MODEL_NAME, Drain, Member, Model, Replica
 
 
 class ModelWriteSerializer(serializers.ModelSerializer):
@@ -17,7 +17,8 @@ class ModelWriteSerializer(serializers.ModelSerializer):
     class Meta:
         model = Model
         fields = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env"]
-        extra_kwargs = {"name": {"validators": []}}
+        # Not unique here: applying an existing name updates it.
+        extra_kwargs = {"name": {"validators": [MODEL_NAME]}}
 
     def validate(self, data):
         from ..engines import EngineArgsError, check_env, check_entry

@@ -25,7 +25,7 @@ class ModelViewSet(viewsets.ModelViewSet):
     """The catalog. Writes go through the same service as 'llmgw ctl apply'."""
 
     lookup_field = "name"
-    lookup_value_regex = "[^/]+(?:/[^/]+)*?"
+    lookup_value_regex = "[^/]+"
 
     def get_queryset(self):
         return selectors.model_list()
@@ -75,7 +75,8 @@ class CatalogApplyView(APIView):
         serializer = CatalogApplySerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            result = catalog.catalog_apply(**serializer.validated_data)
+            result = catalog.catalog_apply(entries=serializer.validated_data["models"],
+                                           prune=serializer.validated_data["prune"])
         except catalog.CatalogInvalid as exc:
             return _catalog_error(exc)
         return Response(result)

@@ -116,6 +116,9 @@ class EngineAdapter:
     # Environment an engine reads that llmgw sets for it (besides MANAGED_ENV).
     managed_env: dict[str, str] = {}
     emitted: frozenset[str] = frozenset()  # every flag ``command`` may emit
+    # Without NCCL_IB_HCA, NCCL would take any HCA of the node, another
+    # fabric's included: a multi-node member must have its fabric's HCAs.
+    needs_hcas: bool = True
     # Alias -> flag, for when no option table is at hand (the tables know them all).
     fallback_aliases: dict[str, str] = {}
 
@@ -187,7 +190,7 @@ class EngineAdapter:
     # -- launch ----------------------------------------------------------------
 
     def launch(self, inp: LaunchInput) -> LaunchSpec:
-        check_input(inp)
+        check_input(inp, needs_hcas=self.needs_hcas)
         parsed = self.read_args(list(inp.args))
         self.check_model_name(inp.model)
         layout = self.parallel_layout(parsed, nodes=inp.nodes, gpus_per_node=inp.gpus_per_node)
@@ -265,7 +268,7 @@ def node_environment(inp: LaunchInput) -> dict[str, str]:
     return env
 
 
-def check_input(inp: LaunchInput) -> None:
+def check_input(inp: LaunchInput, *, needs_hcas: bool = True) -> None:
     """Refuse a member the scheduler should never have produced."""
     where = f"{inp.engine} member rank {inp.rank} of {inp.model}"
     if inp.nodes < 1 or inp.gpus_per_node < 1:
@@ -278,7 +281,7 @@ def check_input(inp: LaunchInput) -> None:
         raise LaunchError(f"{where}: a {inp.nodes}-node replica needs a fabric; a node without one takes single-node replicas only")
     if inp.multi_node and inp.rendezvous_port is None:
         raise LaunchError(f"{where}: a multi-node member needs the leader's rendezvous_port")
-    if inp.fabric and not inp.hcas and inp.multi_node:
+    if needs_hcas and inp.multi_node and not inp.hcas:
         raise LaunchError(f"{where}: node {inp.mgmt_addr} has no HCA in fabric {inp.fabric}")
     if not inp.mgmt_interface:
         raise LaunchError(f"{where}: node {inp.mgmt_addr} reported no mgmt_interface")

@@ -21,6 +21,7 @@ class SimAdapter(EngineAdapter):
     name = "sim"
     version = None  # its parser is ours; the tests run the adapter's output through it
     health_path = "/health"
+    needs_hcas = False  # it speaks no NCCL
     managed = {
         "--rank": "it is the member's rank",
         "--nnodes": "it is the catalog entry's nodes",

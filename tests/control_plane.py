@@ -1,0 +1,205 @@
+"""Helpers for tests that run the control plane's Celery side for real.
+
+A worker and beat are real processes on the test's Redis (the broker) and the
+test database; heartbeats come from a thread with a node's real certificate,
+over mTLS, against a real agent API listener. Import the ``celery_factory``
+fixture into the test module that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from django.conf import settings
+
+from agent.protocol import example_heartbeat
+from tests.conftest import REPO, celery_argv, mtls_client, server_env
+
+
+def redis_url() -> str:
+    """The Redis the test process uses; the worker, beat and agent API share it."""
+    url = settings.LLMGW_REDIS_URL
+    if not url.startswith("redis"):
+        pytest.fail(
+            "these tests need Redis: run them with 'make test', or set CELERY_BROKER_URL and "
+            "LLMGW_REDIS_URL to redis://127.0.0.1:6379/15"
+        )
+    return url
+
+
+def control_plane_env(*, grace: float, sweep: float = 1.0) -> dict[str, str]:
+    """Settings shared by every process of a fast-clock control plane."""
+    url = redis_url()
+    return {
+        "LLMGW_NODE_GRACE": str(grace),
+        "LLMGW_SWEEP_INTERVAL": str(sweep),
+        "CELERY_BROKER_URL": url,
+        "LLMGW_REDIS_URL": url,
+    }
+
+
+@dataclass
+class CeleryProcess:
+    kind: str  # "worker" or "beat"
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> "CeleryProcess":
+        handle = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        handle.close()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """A worker says "ready." once it consumes; beat has no such line."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"celery {self.kind} exited with {self.proc.returncode}:\n{self.log()}")
+            if self.kind != "worker" or " ready." in self.log():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"celery {self.kind} not ready after {timeout}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def celery_factory(pki_dir, transactional_db, tmp_path):
+    """start(kind, **env) -> a running Celery worker or beat against the test database.
+
+    Depends on ``transactional_db`` so that its processes are stopped before
+    the database is flushed.
+    """
+    procs: list[CeleryProcess] = []
+
+    def start(kind: str, **env: str) -> CeleryProcess:
+        argv = celery_argv(kind)
+        n = len(procs)
+        if kind == "beat":
+            # Beat keeps its schedule in a file; the default one is not ours to write.
+            argv += ["--schedule", str(tmp_path / f"beat-schedule-{n}")]
+        else:
+            argv += ["--hostname", f"test-worker-{os.getpid()}-{n}@%h"]
+        proc = CeleryProcess(kind, argv, server_env(**env), tmp_path / f"celery-{kind}-{n}.log")
+        procs.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in procs:
+        proc.stop()
+
+
+def heartbeat_payload(node_id: str, *, gpus: int = 2, discovery_errors: list[str] | None = None) -> dict:
+    """A realistic heartbeat whose GPU uuids belong to this node alone."""
+    beat = example_heartbeat(gpus=gpus).to_dict()
+    tag = node_id.encode().hex()[-12:].rjust(12, "0")
+    for gpu in beat["gpus"]:
+        gpu["uuid"] = f"GPU-{gpu['index']:08x}-0000-0000-0000-{tag}"
+    beat["discovery_errors"] = list(discovery_errors or [])
+    return beat
+
+
+def heartbeat_once(agent_url: str, node_id: str, certs: tuple[str, str, str], **payload) -> httpx.Response:
+    with mtls_client(*certs, timeout=10) as client:
+        return client.post(f"{agent_url}/agent/v1/nodes/{node_id}/heartbeat", json=heartbeat_payload(node_id, **payload))
+
+
+@dataclass
+class Heartbeater:
+    """A node's heartbeat loop in a thread, as an agent would run it: it keeps
+    trying every ``interval`` seconds whatever the control plane does."""
+
+    agent_url: str
+    node_id: str
+    certs: tuple[str, str, str]
+    interval: float = 0.5
+    ok: int = 0
+    failed: int = 0
+    statuses: list[str] = field(default_factory=list)
+    last_ok_at: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "Heartbeater":
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.node_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        payload = heartbeat_payload(self.node_id)
+        url = f"{self.agent_url}/agent/v1/nodes/{self.node_id}/heartbeat"
+        client = None
+        while not self._stop.is_set():
+            try:
+                if client is None:
+                    client = mtls_client(*self.certs, timeout=httpx.Timeout(3.0))
+                response = client.post(url, json=payload)
+                if response.status_code == 200:
+                    self.ok += 1
+                    self.last_ok_at = time.time()
+                    self.statuses.append(response.json()["status"])
+                else:
+                    self.failed += 1
+            except httpx.HTTPError:
+                # The control plane is away: start a fresh connection next time.
+                self.failed += 1
+                if client is not None:
+                    client.close()
+                client = None
+            self._stop.wait(self.interval)
+        if client is not None:
+            client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def heartbeaters():
+    """Heartbeat threads that are stopped when the test ends, whatever happens."""
+    started: list[Heartbeater] = []
+
+    def start(*args, **kwargs) -> Heartbeater:
+        beater = Heartbeater(*args, **kwargs).start()
+        started.append(beater)
+        return beater
+
+    yield start
+    for beater in started:
+        beater.stop()
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.2, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{message} not met after {timeout}s")

@@ -1,0 +1,3 @@
+"""End-to-end tests: whole control planes as real processes."""
+
+from tests.control_plane import celery_factory, heartbeaters  # noqa: F401 - fixtures for every e2e test

@@ -1,0 +1,94 @@
+"""'llmgw ctl' for the catalog and replicas, as real subprocesses against the
+real web process (REST API)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from replicas import reconcile
+from tests.factories import node_with_gpus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CATALOG = """
+models:
+  - name: llama-70b
+    engine: vllm
+    model: /models/llama-70b
+    nodes: 2
+    gpus_per_node: 4
+    replicas: 1
+    args: ["--max-model-len", "8192"]
+    env: {VLLM_LOGGING_LEVEL: INFO}
+"""
+
+
+@pytest.fixture
+def ctl(web_factory, admin_token):
+    web = web_factory()
+
+    def run(*args, stdin=None):
+        env = dict(web.env, LLMGW_URL=web.url, LLMGW_TOKEN=admin_token)
+        return subprocess.run([sys.executable, "-m", "llmgw_site.cli", "ctl", *args], env=env, input=stdin,
+                              capture_output=True, text=True, timeout=60)
+
+    return run
+
+
+def test_apply_scale_replicas_drain(ctl, tmp_path, monkeypatch):
+    from replicas import tasks
+
+    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+    node_with_gpus("node01", fabric="ib-a", addr="127.0.1.1")
+    node_with_gpus("node02", fabric="ib-a", addr="127.0.1.2")
+    path = tmp_path / "catalog.yaml"
+    path.write_text(CATALOG)
+    result = ctl("apply", "-f", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "llama-70b created" in result.stdout
+    assert "llama-70b unchanged" in ctl("apply", "-f", str(path)).stdout
+
+    reconcile.replicas_reconcile()
+    replicas = json.loads(ctl("replicas", "-o", "json").stdout)
+    assert len(replicas) == 1
+    leader, worker = replicas[0]["members"]
+    assert (leader["node"], worker["node"]) == ("node01", "node02")
+    # What ran, exactly: argv, environment, GPUs and ports of each member.
+    assert leader["argv"][:3] == ["vllm", "serve", "/models/llama-70b"]
+    assert "--headless" in worker["argv"] and "--headless" not in leader["argv"]
+    # "=" makes NCCL match the names exactly (mlx5_1 must not also select mlx5_10).
+    assert leader["env"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"
+    assert leader["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert set(leader["ports"]) >= {"http", "rendezvous"}
+    table = ctl("replicas").stdout
+    assert "llama-70b" in table and "node01[0,1,2,3]" in table
+
+    scaled = ctl("scale", "llama-70b", "3")
+    assert scaled.returncode == 0 and "scaled to 3" in scaled.stdout
+    reconcile.replicas_reconcile()
+    models = json.loads(ctl("models", "-o", "json").stdout)
+    assert models[0]["replicas"] == 3
+    assert models[0]["replica_counts"]["scheduled"] == 2
+    assert models[0]["pending_reasons"], "the third replica cannot fit and says why"
+    assert "needs 2 nodes x 4 GPUs" in ctl("models").stdout or "needs 2 nodes x 4 GPUs" in ctl("replicas").stdout
+
+    drained = ctl("drain", "node01")
+    assert drained.returncode == 0, drained.stderr
+    nodes = {n["name"]: n for n in json.loads(ctl("nodes", "-o", "json").stdout)}
+    assert nodes["node01"]["status"] == "draining"
+    events = json.loads(ctl("events", "-o", "json").stdout)
+    assert any(e["kind"] == "drain" for e in events)
+
+
+def test_apply_refuses_a_malformed_catalog_and_names_the_field(ctl, tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(CATALOG.replace("nodes: 2", "nodes: two"))
+    result = ctl("apply", "-f", str(path))
+    assert result.returncode == 1
+    assert "nodes" in result.stderr and "not changed" in result.stderr
+    assert json.loads(ctl("models", "-o", "json").stdout) == []
+    path.write_text("models: [unclosed")
+    result = ctl("apply", "-f", str(path))
+    assert result.returncode == 1 and "not valid YAML" in result.stderr

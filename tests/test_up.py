@@ -1,0 +1,247 @@
+"""`llmgw up` on the embedded default: a fresh data directory, no PostgreSQL,
+no Redis. It serves its pages, the agent API demands a client certificate,
+worker and beat sweep, and Ctrl-C stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sqlite3
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, mtls_client, wait_for_port
+
+# The embedded default is what runs when none of these is set.
+SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "LLMGW_REDIS_URL", "LLMGW_DATA_DIR", "LLMGW_PKI_DIR")
+PASSWORD_LINE = re.compile(r"created user 'admin' with password (\S+)")
+
+
+def llmgw_argv() -> list[str]:
+    script = Path(sys.executable).with_name("llmgw")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "llmgw_site.cli"]
+
+
+def embedded_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc (children start their own sessions)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields follow the last ")".
+        fields = stat.rsplit(")", 1)[1].split()
+        parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Up:
+    """One `llmgw up` in the background, its output in a file."""
+
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.web_port = free_port()
+        self.agent_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Up":
+        argv = llmgw_argv() + [
+            "up", "--data-dir", str(self.data_dir), "--web-port", str(self.web_port),
+            "--agent-port", str(self.agent_port), "--agent-workers", "1",
+        ]
+        with open(self.log_path, "wb") as handle:
+            self.proc = subprocess.Popen(
+                argv, env=embedded_env(), cwd=self.data_dir.parent, stdout=handle, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 90
+        while "llmgw is up" not in self.output():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"llmgw up exited with {self.proc.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"llmgw up did not come up in 90s:\n{self.output()}")
+            time.sleep(0.2)
+        wait_for_port("127.0.0.1", self.web_port, timeout=60, proc=self.proc)
+        wait_for_port("127.0.0.1", self.agent_port, timeout=60, proc=self.proc)
+        return self
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def interrupt(self) -> tuple[int, set[int]]:
+        """Ctrl-C; returns the exit status and the processes still running after it."""
+        children = descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGINT)
+        status = self.proc.wait(timeout=45)
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return status, {p for p in children if alive(p)}
+
+    def kill_everything(self) -> None:
+        """Cleanup after a failure: nothing of ours outlives the test."""
+        if self.proc is None:
+            return
+        for pid in descendants(self.proc.pid) | {self.proc.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture
+def up_runs(tmp_path):
+    runs: list[Up] = []
+    data_dir = tmp_path / "llmgw-data"
+
+    def start() -> Up:
+        run = Up(data_dir, tmp_path / f"up-{len(runs)}.log")
+        runs.append(run)
+        return run.start()
+
+    yield start
+    for run in runs:
+        if run.proc is not None and run.proc.poll() is None:
+            run.kill_everything()
+
+
+def login(base: str, password: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, timeout=10)
+    client.get("/admin/login/")
+    response = client.post(
+        "/admin/login/?next=/",
+        data={"username": "admin", "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"],
+              "next": "/"},
+        headers={"Referer": f"{base}/admin/login/"},
+    )
+    assert response.status_code == 302 and response.headers["location"] == "/", response.text[:2000]
+    return client
+
+
+def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
+    first = up_runs()
+    data_dir = first.data_dir
+    base = f"http://127.0.0.1:{first.web_port}"
+    passwords = PASSWORD_LINE.findall(first.output())
+    assert len(passwords) == 1, first.output()
+    assert "changepassword" not in first.output()
+    assert (data_dir / "llmgw.sqlite3").exists()
+    assert (data_dir / "pki" / "ca.pem").exists()
+    assert oct((data_dir / "ctl-token").stat().st_mode & 0o777) == "0o600"
+
+    # Pages: the admin's login page and its stylesheet (no proxy in front).
+    assert httpx.get(f"{base}/admin/login/", timeout=10).status_code == 200
+    css = httpx.get(f"{base}/static/admin/css/base.css", timeout=10)
+    assert css.status_code == 200 and "text/css" in css.headers["content-type"]
+    schema = httpx.get(f"{base}/api/schema/", timeout=10)
+    assert schema.status_code in (200, 401, 403)
+    if schema.status_code == 200:
+        assert "llmgw operator API" in schema.text
+    assert httpx.get(f"{base}/api/v1/nodes/", timeout=10).status_code in (401, 403)
+
+    # The printed password logs in, and the dashboard shows.
+    browser = login(base, passwords[0])
+    try:
+        page = browser.get("/")
+        assert page.status_code == 200 and "Nodes" in page.text
+    finally:
+        browser.close()
+
+    # The agent API: no client certificate, no conversation.
+    ca = str(data_dir / "pki" / "ca.pem")
+    context = ssl.create_default_context(cafile=ca)
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        with socket.create_connection(("127.0.0.1", first.agent_port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                tls.sendall(b"GET /agent/v1/ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                reply = tls.recv(1024)
+                # A closed connection without an alert is a refusal too.
+                if not reply:
+                    raise ConnectionError("closed without an answer")
+                pytest.fail(f"the agent API answered a client without a certificate: {reply!r}")
+
+    # With one issued by `llmgw ctl cert`, a node registers over SQLite.
+    certs = tmp_path / "node01"
+    issued = subprocess.run(
+        llmgw_argv() + ["ctl", "cert", "--data-dir", str(data_dir), "issue-client", "node01", "--out", str(certs)],
+        env=embedded_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert issued.returncode == 0, issued.stderr
+    with mtls_client(str(certs / "node01.pem"), str(certs / "node01-key.pem"), str(certs / "ca.pem"),
+                     timeout=10) as client:
+        from tests.control_plane import heartbeat_payload
+
+        response = client.post(f"https://127.0.0.1:{first.agent_port}/agent/v1/nodes/node01/heartbeat",
+                                json=heartbeat_payload("node01"))
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "ready"
+
+    # `llmgw ctl` finds the local control plane with what `llmgw up` wrote.
+    listed = subprocess.run(
+        llmgw_argv() + ["ctl", "nodes", "-o", "json"],
+        env=dict(embedded_env(), LLMGW_URL=base, LLMGW_DATA_DIR=str(data_dir)),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert '"node01"' in listed.stdout
+
+    # Beat and the worker run the sweep over the file broker.
+    def swept() -> bool:
+        with sqlite3.connect(data_dir / "llmgw.sqlite3", timeout=10) as db:
+            return bool(db.execute("SELECT last_sweep_at FROM nodes_controlplaneclock WHERE id = 1").fetchall())
+
+    deadline = time.monotonic() + 30
+    while not swept():
+        assert time.monotonic() < deadline, f"no sweep ran in 30s:\n{first.output()}"
+        time.sleep(0.5)
+
+    status, left = first.interrupt()
+    assert status == 0, first.output()
+    assert not left, f"still running after Ctrl-C: {sorted(left)}"
+
+    # A second run on the same data directory creates nothing again.
+    second = up_runs()
+    assert PASSWORD_LINE.search(second.output()) is None, second.output()
+    assert "changepassword admin" in second.output()
+    assert "created the certificate authority" not in second.output()
+    assert httpx.get(f"http://127.0.0.1:{second.web_port}/admin/login/", timeout=10).status_code == 200
+    status, left = second.interrupt()
+    assert status == 0, second.output()
+    assert not left, f"still running after Ctrl-C: {sorted(left)}"
