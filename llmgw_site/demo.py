@@ -62,6 +62,19 @@ def run_demo(*, host: str, web_port: int, agent_port: int) -> int:
     for node in SEEDS_NODES:
         cluster.add_node(SimNode(node.name, node.addr, node.gpus, node.fabric, node.hcas), issue_cert=_issue)
         cluster.start_agent(node.name)
+    # Place the catalog once every node is in, so that replicas spread across
+    # fabrics and nodes as they would on a running cluster.
+    from nodes.choices import NodeStatus
+    from nodes.models import Node
+
+    from .simcluster import wait_until
+
+    names = [n.name for n in SEEDS_NODES]
+    try:
+        wait_until(lambda: Node.objects.filter(name__in=names, status=NodeStatus.READY).count() == len(names),
+                   timeout=90, interval=0.5, what="the four simulated nodes to register")
+    except TimeoutError as exc:
+        print(f"llmgw demo: {exc}; see the agents' logs under {cluster.base / 'nodes'}", file=sys.stderr)
     catalog = cluster.base / "catalog.yaml"
     catalog.write_text(SAMPLE_CATALOG)
     catalog_apply(entries=yaml.safe_load(SAMPLE_CATALOG)["models"], prune=False)
