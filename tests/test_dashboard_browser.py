@@ -81,3 +81,40 @@ def test_dashboard_shows_a_node_and_its_discovery_error(
 
     assert shot.stat().st_size > 5_000
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replicas_page_shows_placements_and_why_one_waits(chromium_path, web_factory, admin_token, tmp_path,
+                                                          monkeypatch):
+    from playwright.sync_api import expect, sync_playwright
+
+    from replicas import reconcile, tasks
+    from replicas.catalog import catalog_apply
+    from tests.factories import node_with_gpus
+
+    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+    node_with_gpus("node01", fabric="ib-a", addr="127.0.1.1")
+    node_with_gpus("node02", fabric="ib-a", addr="127.0.1.2")
+    catalog_apply(entries=[{"name": "wide", "engine": "sim", "model": "/m", "nodes": 2, "gpus_per_node": 8,
+                            "replicas": 2}])
+    reconcile.replicas_reconcile()
+    web = web_factory()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(15_000)
+            page.goto(f"{web.url}/replicas/")
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", "admin-password-for-tests")
+            page.click("input[type=submit]")
+            expect(page).to_have_url(f"{web.url}/replicas/")
+            expect(page.locator("#models")).to_contain_text("2 x 8 GPUs")
+            scheduled = page.locator("#replicas tr", has=page.locator("td.status-scheduled"))
+            expect(scheduled).to_have_count(1)
+            expect(scheduled).to_contain_text("node01[0,1,2,3,4,5,6,7] r0")
+            expect(scheduled).to_contain_text("ib-a")
+            waiting = page.locator("#replicas tr", has=page.locator("td.status-pending"))
+            expect(waiting).to_contain_text("needs 2 nodes x 8 GPUs in one fabric")
+            page.screenshot(path=str(tmp_path / "replicas.png"), full_page=True)
+        finally:
+            browser.close()
