@@ -20,4 +20,7 @@ def _with_static(app):
     return ASGIStaticFilesHandler(app)
 
 
-application = _with_static(django_application)
+# /v1 and /metrics skip Django's middleware and per-request thread (gateway.asgi).
+from gateway.asgi import with_gateway  # noqa: E402 - needs the settings configured above
+
+application = with_gateway(_with_static(django_application))

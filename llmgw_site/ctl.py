@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 
@@ -84,6 +85,19 @@ def add_ctl_parser(sub) -> None:
     fabrics = ctl_sub.add_parser("fabrics", help="list fabrics and their nodes")
     _output_flag(fabrics)
     fabrics.set_defaults(func=_fabrics)
+    keys = ctl_sub.add_parser("keys", help="API keys for the gateway (/v1)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    key_create = keys_sub.add_parser("create", help="a new key, printed once")
+    key_create.add_argument("name")
+    key_create.add_argument("--models", default="", help="comma-separated models it may use (default: all)")
+    key_create.add_argument("-q", "--quiet", action="store_true", help="print the key alone (for scripts)")
+    key_create.set_defaults(func=_keys_create)
+    key_revoke = keys_sub.add_parser("revoke", help="revoke a key (the gateways refuse it within a second)")
+    key_revoke.add_argument("name")
+    key_revoke.set_defaults(func=_keys_revoke)
+    key_list = keys_sub.add_parser("list", help="keys, their models and usage")
+    _output_flag(key_list)
+    key_list.set_defaults(func=_keys_list)
 
 
 def _output_flag(parser) -> None:
@@ -224,20 +238,31 @@ def _cert_revoke(args) -> int:
 # --- REST ---------------------------------------------------------------------
 
 
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _base_url() -> str:
+    return os.environ.get("LLMGW_URL", DEFAULT_URL).rstrip("/")
+
+
+def _data_dir() -> Path:
+    # The same default as settings.DATA_DIR, wherever ctl is run from.
+    default = Path(__file__).resolve().parent.parent / "var"
+    return Path(os.environ.get("LLMGW_DATA_DIR") or default)
+
+
 def _api() -> httpx.Client:
-    url = os.environ.get("LLMGW_URL", "http://127.0.0.1:8000").rstrip("/")
     token = os.environ.get("LLMGW_TOKEN", "")
     if not token:
-        data_dir = Path(os.environ.get("LLMGW_DATA_DIR", "var"))
-        token_file = data_dir / "ctl-token"
+        token_file = _data_dir() / "ctl-token"
         if token_file.exists():
             token = token_file.read_text().strip()
     if not token:
         raise CtlError(
             "no API token: set LLMGW_TOKEN, or LLMGW_DATA_DIR to the data directory of 'llmgw up' "
-            "(it writes ctl-token there)"
+            f"(it writes ctl-token there; looked in {_data_dir()})"
         )
-    return httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=30)
+    return httpx.Client(base_url=_base_url(), headers={"Authorization": f"Token {token}"}, timeout=30)
 
 
 def api_call(method: str, path: str, **kwargs):
@@ -245,14 +270,27 @@ def api_call(method: str, path: str, **kwargs):
         with _api() as client:
             response = client.request(method, path, **kwargs)
     except httpx.TransportError as exc:
-        raise CtlError(f"cannot reach the control plane at {os.environ.get('LLMGW_URL', 'http://127.0.0.1:8000')}: {exc}") from exc
+        raise CtlError(
+            f"cannot reach the control plane at {_base_url()}: {exc or type(exc).__name__}. "
+            "Is it running ('llmgw up')? Set LLMGW_URL if it is elsewhere"
+        ) from exc
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
     if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail") or response.text
-        except ValueError:
-            detail = response.text
-        raise CtlError(f"{response.status_code}: {detail}")
-    return response.json()
+        detail = data.get("detail") if isinstance(data, dict) else None
+        detail = detail or (data if data is not None else response.text.strip()[:500]) or response.reason_phrase
+        hint = ""
+        if response.status_code in (401, 403):
+            hint = " (check LLMGW_TOKEN: it must be an API token of a staff user)"
+        raise CtlError(f"{response.status_code}: {detail}{hint}")
+    if data is None:
+        raise CtlError(
+            f"{_base_url()}{path} did not answer with JSON (status {response.status_code}); "
+            "is LLMGW_URL the llmgw web address?"
+        )
+    return data
 
 
 def _nodes(args) -> int:
@@ -281,7 +319,7 @@ def _nodes(args) -> int:
 
 
 def _node_action(args) -> int:
-    node = api_call("POST", f"/api/v1/nodes/{args.node}/{args.verb}/")
+    node = api_call("POST", f"/api/v1/nodes/{quote(args.node, safe='')}/{args.verb}/")
     print(f"{node['name']} is {node['status']}")
     return 0
 
@@ -397,3 +435,38 @@ def _drain(args) -> int:
             return 1
         time.sleep(1)
     raise CtlError(f"the drain of {args.node} did not finish in {args.timeout:.0f}s; 'llmgw ctl replicas' shows where it is")
+
+
+def _keys_create(args) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    key = api_call("POST", "/api/v1/keys/", json={"name": args.name, "models": models})
+    if args.quiet:
+        print(key["key"])
+        return 0
+    print(f"created API key {key['name']} for {', '.join(key['models']) or 'every model'}:")
+    print(f"  {key['key']}")
+    print("it is shown this once: keep it now. Clients send it as 'Authorization: Bearer <key>'.")
+    return 0
+
+
+def _keys_revoke(args) -> int:
+    key = api_call("POST", f"/api/v1/keys/{args.name}/revoke/")
+    print(f"revoked API key {key['name']} ({key['prefix']}...)")
+    return 0
+
+
+def _keys_list(args) -> int:
+    keys = api_call("GET", "/api/v1/keys/")
+    if args.output == "json":
+        from .cli import print_json
+
+        print_json(keys)
+        return 0
+    print_table(
+        ["name", "prefix", "models", "state", "requests", "prompt tokens", "completion tokens", "last used"],
+        [[k["name"], k["prefix"] + "...", ",".join(k["models"]) or "all", "revoked" if k["revoked"] else "active",
+          k["requests"], k["prompt_tokens"], k["completion_tokens"], (k["last_used_at"] or "never")[:19].replace("T", " ")]
+         for k in keys],
+    )
+    return 0
+

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "pki",
     "nodes",
     "replicas",
+    "gateway",
 ]
 
 if ROLE == "agent-api":
@@ -217,3 +218,17 @@ LOGGING = {
         "celery.beat": {"level": "WARNING"},
     },
 }
+
+# --- gateway (/v1) ------------------------------------------------------------
+
+# Keyless /v1 for the embedded demo only: every caller may use every model.
+LLMGW_GATEWAY_OPEN = env.bool("LLMGW_GATEWAY_OPEN", default=False)
+LLMGW_GATEWAY_CONNECT_TIMEOUT = env.float("LLMGW_GATEWAY_CONNECT_TIMEOUT", default=5.0)
+# Longest silence from an engine (before its headers, or between two chunks).
+LLMGW_GATEWAY_READ_TIMEOUT = env.float("LLMGW_GATEWAY_READ_TIMEOUT", default=600.0)
+# How often each gateway process checks the routing table and publishes its in-flight counts.
+LLMGW_GATEWAY_SYNC_INTERVAL = env.float("LLMGW_GATEWAY_SYNC_INTERVAL", default=0.2)
+LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=32 * 1024 * 1024)
+LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
+# Connections kept to engines per gateway process (0: no limit).
+LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)

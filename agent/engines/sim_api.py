@@ -67,6 +67,9 @@ class BadRequest(Exception):
 class SimHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "llmgw-sim"
+    # A response written in two pieces (headers, then body) must not wait on
+    # the client's delayed ACK: about 40 ms per answer with Nagle on.
+    disable_nagle_algorithm = True
     model: SimModel  # set on the subclass made by make_server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
@@ -207,9 +210,14 @@ def _events(model: SimModel, ident: str, tokens: list[str], finish: str, usage: 
     yield None
 
 
+class _SimServer(ThreadingHTTPServer):
+    # The default backlog of 5 resets clients when dozens connect at once.
+    request_queue_size = 1024
+
+
 def make_server(host: str, port: int, model: SimModel) -> ThreadingHTTPServer:
     handler = type("BoundSimHandler", (SimHandler,), {"model": model})
-    server = ThreadingHTTPServer((host, port), handler)
+    server = _SimServer((host, port), handler)
     server.daemon_threads = True
     return server
 

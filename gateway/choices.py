@@ -1,0 +1,36 @@
+from django.db import models
+
+
+class ErrorKind(models.TextChoices):
+    """Why a /v1 request failed: the ``kind`` label of the error counter and
+    the ``code`` of the OpenAI-shaped error body."""
+
+    INVALID_API_KEY = "invalid_api_key"
+    MODEL_NOT_ALLOWED = "model_not_allowed"
+    MODEL_NOT_FOUND = "model_not_found"
+    NO_READY_REPLICA = "no_ready_replica"
+    INVALID_REQUEST = "invalid_request"
+    BODY_TOO_LARGE = "body_too_large"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_ERROR = "upstream_error"
+    STREAM_BROKEN = "stream_broken"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    INTERNAL = "internal_error"
+
+
+# OpenAI's error ``type`` for each HTTP status the gateway produces itself.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}

@@ -1,0 +1,226 @@
+"""The per-process state of the gateway: routing table, key cache, usage
+counters, metrics, the pooled HTTP client, and the background task that keeps
+them in step with the database.
+
+Nothing on the request path touches the database: a task polls a cheap
+fingerprint of the routing data every ``LLMGW_GATEWAY_SYNC_INTERVAL``
+(0.2 s), reloads the table when it moves, publishes this process's in-flight
+counts for drains, and adds the keys' usage in batches. The database work
+runs on one thread of its own, so it never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+from django.conf import settings
+from django.db import close_old_connections
+
+from . import selectors, services
+from .metrics import GatewayMetrics
+from .routing import Key, RoutingTable
+
+logger = logging.getLogger(__name__)
+
+# A full reload now and then, whatever the fingerprint says (a node's address may change).
+FULL_RELOAD_EVERY = 5.0
+PUBLISH_AT_LEAST_EVERY = 1.0
+USAGE_FLUSH_EVERY = 2.0
+CLUSTER_GAUGES_MAX_AGE = 1.0
+
+
+class Gateway:
+    def __init__(self) -> None:
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.table = RoutingTable()
+        self.metrics = GatewayMetrics()
+        self.open = settings.LLMGW_GATEWAY_OPEN
+        # key id -> [requests, prompt tokens, completion tokens], not yet in the database
+        self.usage: dict[int, list[int]] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.started = False
+        self._starting: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+        self._version: tuple | None = None
+        self._loaded_at = 0.0
+        self._published: tuple | None = None
+        self._published_at = 0.0
+        self._flushed_at = time.monotonic()
+        self._cluster: tuple[float, dict | None] = (0.0, None)
+        self._last_sync_error = 0.0
+
+    # --- life ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the routing table and start syncing; concurrent callers share one start."""
+        if self.started:
+            return
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        starting = self._starting
+        try:
+            await asyncio.shield(starting)
+        except Exception:
+            if self._starting is starting:
+                self._starting = None  # the next request tries again
+            raise
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        snapshot = await loop.run_in_executor(self._db, self._poll, True)
+        self.table.apply(snapshot)
+        if self.session is None:
+            limit = settings.LLMGW_GATEWAY_MAX_CONNECTIONS
+            connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=60)
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=settings.LLMGW_GATEWAY_CONNECT_TIMEOUT,
+                sock_read=settings.LLMGW_GATEWAY_READ_TIMEOUT,
+            )
+            # Engines answer uncompressed: what they send is passed on untouched.
+            # No cookie jar: one engine's cookie must never reach another client.
+            self.session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            )
+        self._task = loop.create_task(self._sync_forever(), name="gateway-sync")
+        self.started = True
+        atexit.register(self._at_exit)
+        logger.info("gateway started process=%s models=%d ready_replicas=%d keys=%d open=%s", self.name,
+                    len(self.table.catalog), len(self.table.routed_ids()), len(self.table.keys), self.open)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+        if self.started:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._db, self._final_writes)
+            self.started = False
+
+    def _at_exit(self) -> None:
+        # For servers that exit normally without lifespan events. (uvicorn
+        # ends a SIGTERM by raising it again with the default handler: there,
+        # only lifespan events, as 'llmgw up' enables, let the last counts out.)
+        if self.started:
+            self._final_writes()
+
+    def _final_writes(self) -> None:
+        usage, self.usage = self.usage, {}
+        try:
+            if usage:
+                services.key_usage_add(usage={k: tuple(v) for k, v in usage.items()})
+            services.gateway_process_forget(name=self.name)
+        except Exception:
+            logger.exception("gateway could not write its last usage counts")
+
+    # --- keys and usage -----------------------------------------------------------------
+
+    def authenticate(self, authorization: str | None) -> Key | None:
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        token = authorization[7:].strip()
+        if not token:
+            return None
+        return self.table.keys.get(hashlib.sha256(token.encode()).hexdigest())
+
+    def count(self, key: Key | None, prompt: int = 0, completion: int = 0, request: int = 1) -> None:
+        if key is None:
+            return
+        row = self.usage.get(key.id)
+        if row is None:
+            self.usage[key.id] = [request, prompt, completion]
+        else:
+            row[0] += request
+            row[1] += prompt
+            row[2] += completion
+
+    # --- sync with the database ---------------------------------------------------------
+
+    def _poll(self, force: bool = False) -> selectors.RoutingSnapshot | None:
+        """On the database thread: the new snapshot, or None when nothing moved."""
+        version = selectors.routing_version()
+        now = time.monotonic()
+        if not force and version == self._version and now - self._loaded_at < FULL_RELOAD_EVERY:
+            return None
+        snapshot = selectors.routing_snapshot()
+        self._version, self._loaded_at = version, now
+        return snapshot
+
+    async def _sync_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = settings.LLMGW_GATEWAY_SYNC_INTERVAL
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sync_once(loop)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if now - self._last_sync_error > 10:
+                    self._last_sync_error = now
+                    logger.warning("gateway sync failed (routing as before): %s", exc, exc_info=True)
+                await loop.run_in_executor(self._db, close_old_connections)
+
+    async def sync_once(self, loop: asyncio.AbstractEventLoop) -> None:
+        snapshot = await loop.run_in_executor(self._db, self._poll)
+        if snapshot is not None:
+            before = self.table.routed_ids()
+            self.table.apply(snapshot)
+            after = self.table.routed_ids()
+            if before != after:
+                logger.info("gateway routes changed process=%s ready_replicas=%s", self.name, after)
+        state = (tuple(self.table.routed_ids()), tuple(sorted(self.table.inflight_counts().items())))
+        now = time.monotonic()
+        if state != self._published or now - self._published_at >= PUBLISH_AT_LEAST_EVERY:
+            await loop.run_in_executor(
+                self._db, lambda: services.gateway_process_publish(
+                    name=self.name, routes=list(state[0]), inflight_counts=dict(state[1])))
+            self._published, self._published_at = state, now
+        if self.usage and now - self._flushed_at >= USAGE_FLUSH_EVERY:
+            usage, self.usage = self.usage, {}
+            self._flushed_at = now
+            try:
+                await loop.run_in_executor(
+                    self._db, lambda: services.key_usage_add(usage={k: tuple(v) for k, v in usage.items()}))
+            except Exception:
+                for key_id, (requests, prompt, completion) in usage.items():
+                    self.count(Key(key_id, "", None), prompt, completion, requests)
+                raise
+
+    async def cluster_gauges(self) -> dict | None:
+        """The database's side of /metrics, at most once a second whatever the scrapers do."""
+        at, gauges = self._cluster
+        if gauges is not None and time.monotonic() - at < CLUSTER_GAUGES_MAX_AGE:
+            return gauges
+        loop = asyncio.get_running_loop()
+        gauges = await loop.run_in_executor(self._db, selectors.cluster_gauges)
+        self._cluster = (time.monotonic(), gauges)
+        return gauges
+
+
+_gateway: Gateway | None = None
+
+
+def gateway() -> Gateway:
+    global _gateway
+    if _gateway is None:
+        _gateway = Gateway()
+    return _gateway

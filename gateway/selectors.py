@@ -1,0 +1,139 @@
+"""Reads for the gateway: its routing snapshot, keys, in-flight counts, and
+the cluster figures of /metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count
+
+from . import inflight
+from .models import ApiKey
+
+
+@dataclass(frozen=True)
+class RouteRow:
+    replica_id: int
+    model: str
+    base_url: str
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    id: int
+    name: str
+    secret_hash: str
+    allowed_models: frozenset[str] | None  # None: every model
+
+
+@dataclass(frozen=True)
+class RoutingSnapshot:
+    catalog: dict[str, int]  # model name -> created (unix seconds)
+    routes: list[RouteRow]
+    keys: list[KeyRow]
+
+
+def routing_version() -> tuple:
+    """A cheap fingerprint of everything the routing table is made from: the
+    replicas (any status change moves it), the catalog and the API keys. One
+    query, run by every gateway process a few times a second."""
+    from replicas.choices import ReplicaStatus
+    from replicas.models import Model, Replica
+
+    q = connection.ops.quote_name
+    replica, model, key = (q(m._meta.db_table) for m in (Replica, Model, ApiKey))
+    sql = (
+        f"SELECT (SELECT COUNT(*) FROM {replica}), (SELECT MAX(status_changed_at) FROM {replica}),"
+        f" (SELECT COUNT(*) FROM {replica} WHERE status = %s), (SELECT SUM(id) FROM {replica} WHERE status = %s),"
+        f" (SELECT COUNT(*) FROM {model}), (SELECT MAX(updated_at) FROM {model}),"
+        f" (SELECT COUNT(*) FROM {key}), (SELECT MAX(updated_at) FROM {key})"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ReplicaStatus.READY, ReplicaStatus.READY])
+        return tuple(cursor.fetchone())
+
+
+def routing_snapshot() -> RoutingSnapshot:
+    """The catalog, the leader address of every ready replica, and the live keys."""
+    from replicas.choices import ReplicaStatus
+    from replicas.models import Member, Model
+
+    catalog = {name: int(created.timestamp()) for name, created in
+               Model.objects.filter(removing=False).values_list("name", "created_at")}
+    routes = []
+    members = (
+        Member.objects.filter(serves_http=True, replica__status=ReplicaStatus.READY)
+        .values_list("replica_id", "replica__model__name", "replica__model__created_at", "node__mgmt_addr", "ports")
+        .order_by("replica_id")
+    )
+    for replica_id, model, created, addr, ports in members:
+        port = (ports or {}).get("http")
+        if not addr or not port:
+            continue
+        host = f"[{addr}]" if ":" in addr else addr
+        routes.append(RouteRow(replica_id=replica_id, model=model, base_url=f"http://{host}:{port}"))
+        catalog.setdefault(model, int(created.timestamp()))
+    keys = [
+        KeyRow(id=pk, name=name, secret_hash=digest, allowed_models=frozenset(allowed) if allowed else None)
+        for pk, name, digest, allowed in ApiKey.objects.filter(revoked_at__isnull=True).values_list(
+            "id", "name", "secret_hash", "allowed_models"
+        )
+    ]
+    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys)
+
+
+def replica_inflight(replica_id: int) -> int:
+    """Requests in flight on a replica, summed over every live gateway process.
+
+    A process whose routing table still holds the replica counts as one more:
+    it may send a request there at any moment. So 0 means that no gateway
+    sends the replica anything now, nor will.
+    """
+    total = 0
+    for record in inflight.live_records():
+        total += record.inflight.get(replica_id, 0)
+        if replica_id in record.routes:
+            total += 1
+    return total
+
+
+def gateway_processes() -> list[inflight.ProcessRecord]:
+    return inflight.live_records()
+
+
+def key_list():
+    return ApiKey.objects.all()
+
+
+def key_get(*, name: str) -> ApiKey | None:
+    return ApiKey.objects.filter(name=name).first()
+
+
+def cluster_gauges() -> dict[str, Any]:
+    """Replicas by model and status, nodes by status, heartbeat ages, GPUs."""
+    from nodes.choices import NodeStatus
+    from nodes.models import Gpu, Node
+    from nodes.selectors import age_seconds, node_last_seen
+    from replicas.choices import ReplicaStatus
+    from replicas.models import GpuAllocation, Replica
+
+    replicas = {(m, s): n for m, s, n in
+                Replica.objects.values_list("model__name", "status").annotate(n=Count("id")).order_by()}
+    nodes = list(Node.objects.only("name", "status", "last_heartbeat_at"))
+    node_states = {s: 0 for s in NodeStatus.values}
+    for node in nodes:
+        node_states[node.status] = node_states.get(node.status, 0) + 1
+    seen = node_last_seen(nodes)
+    gpus = dict(Gpu.objects.values_list("node__name").annotate(n=Count("id")).order_by())
+    allocated = dict(GpuAllocation.objects.values_list("node__name").annotate(n=Count("id")).order_by())
+    return {
+        "at": time.time(),
+        "replica_statuses": ReplicaStatus.values,
+        "replicas": replicas,
+        "nodes": node_states,
+        "node_heartbeat_age": {n.name: age_seconds(seen.get(n.name)) for n in nodes},
+        "gpus": {n.name: (allocated.get(n.name, 0), gpus.get(n.name, 0) - allocated.get(n.name, 0)) for n in nodes},
+    }

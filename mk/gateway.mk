@@ -1,0 +1,23 @@
+# make bench-gateway: the same load against a sim engine directly, nginx,
+# the llmgw gateway and the LiteLLM proxy (its own venv, made here), and
+# the figures of docs/gateway.md. Loopback only; a few minutes.
+#   make bench-gateway BENCH_GATEWAY_ARGS="--runs 3"
+BENCH_VENVS := var/bench-venvs
+LITELLM_VERSION := 1.108.7
+BENCH_GATEWAY_ARGS ?= --runs 3
+
+.PHONY: bench-gateway bench-gateway-deps
+
+$(BENCH_VENVS)/litellm/.installed: mk/gateway.mk
+	rm -rf $(BENCH_VENVS)/litellm
+	$(PYTHON) -m venv $(BENCH_VENVS)/litellm
+	$(BENCH_VENVS)/litellm/bin/pip install --quiet "litellm[proxy]==$(LITELLM_VERSION)"
+	touch $@
+
+bench-gateway-deps: $(STAMP) $(BENCH_VENVS)/litellm/.installed
+	command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { \
+		echo "installing nginx-light (Debian) for the reverse-proxy baseline"; \
+		apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
+
+bench-gateway: bench-gateway-deps
+	$(PY) bench/gateway.py $(BENCH_GATEWAY_ARGS)

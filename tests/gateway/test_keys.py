@@ -1,0 +1,139 @@
+"""API keys: created and revoked with 'llmgw ctl keys', the REST API and the
+services; stored hashed; restricted to models; counted; refused when bad."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import httpx
+
+from tests.conftest import REPO
+
+from .conftest import wait_until
+
+
+def _chat(model: str) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _ctl(web, token: str, *args: str) -> subprocess.CompletedProcess:
+    from tests.conftest import server_env
+
+    env = server_env(LLMGW_URL=web.url, LLMGW_TOKEN=token)
+    return subprocess.run([sys.executable, "-m", "llmgw_site.cli", "ctl", "keys", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_ctl_keys_create_list_revoke(gateway_web, make_replica, fake_engine, admin_token):
+    from gateway.models import ApiKey
+
+    engine = fake_engine("m")
+    make_replica("m", engine.port)
+    make_replica("other", engine.port)
+    web = gateway_web()
+    created = _ctl(web, admin_token, "create", "alice", "--models", "m")
+    assert created.returncode == 0, created.stderr
+    key = re.search(r"sk-llmgw-\w+", created.stdout).group(0)
+    row = ApiKey.objects.get(name="alice")
+    assert key not in (row.secret_hash, row.prefix) and key.startswith(row.prefix)
+    assert row.allowed_models == ["m"]
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=web.url, headers=headers, timeout=10) as client:
+        # Keys created after the gateway started are usable within a second.
+        wait_until(lambda: client.post("/v1/chat/completions", json=_chat("m")).status_code == 200, timeout=1.5,
+                   message="the new key accepted")
+        refused = client.post("/v1/chat/completions", json=_chat("other"))
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["m"]
+
+        listing = _ctl(web, admin_token, "list")
+        assert listing.returncode == 0 and "alice" in listing.stdout and key not in listing.stdout
+        assert _ctl(web, admin_token, "create", "alice").returncode == 1  # the name is taken
+        quiet = _ctl(web, admin_token, "create", "carol", "-q")
+        assert quiet.returncode == 0 and re.fullmatch(r"sk-llmgw-\w{40}\n", quiet.stdout)
+        bad = _ctl(web, admin_token, "create", "bob", "--models", "no-such-model")
+        assert bad.returncode == 1 and "no-such-model" in bad.stderr
+
+        revoked = _ctl(web, admin_token, "revoke", "alice")
+        assert revoked.returncode == 0, revoked.stderr
+        wait_until(lambda: client.post("/v1/chat/completions", json=_chat("m")).status_code == 401, timeout=1.5,
+                   message="the revoked key refused")
+        error = client.post("/v1/chat/completions", json=_chat("m")).json()["error"]
+        assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+    # At least three requests with the key (completions, a refusal, the model
+    # list); the 401s are nobody's. Each completion: 7 prompt and 5 completion tokens.
+    row = wait_until(lambda: ApiKey.objects.filter(name="alice", requests__gte=3).first(), timeout=5,
+                     message="usage flushed")
+    completions = row.requests - 2
+    assert (row.prompt_tokens, row.completion_tokens) == (7 * completions, 5 * completions)
+
+
+def test_rest_api_shows_the_key_once(web_factory, admin_token):
+    web = web_factory()
+    with httpx.Client(base_url=web.url, headers={"Authorization": f"Token {admin_token}"}, timeout=10) as client:
+        created = client.post("/api/v1/keys/", json={"name": "ci"})
+        assert created.status_code == 201, created.text
+        assert created.json()["key"].startswith("sk-llmgw-")
+        shown = client.get("/api/v1/keys/ci/").json()
+        assert "key" not in shown and "secret_hash" not in shown and shown["models"] == []
+        assert client.post("/api/v1/keys/", json={"name": "bad name!"}).status_code == 400
+        assert client.post("/api/v1/keys/nobody/revoke/").status_code == 404
+        assert client.post("/api/v1/keys/ci/revoke/").json()["revoked"] is True
+        assert httpx.get(f"{web.url}/api/v1/keys/", timeout=10).status_code in (401, 403)
+
+
+def test_requests_without_a_valid_key_are_401(gateway_web, make_replica, fake_engine, api_key):
+    engine = fake_engine("m")
+    make_replica("m", engine.port)
+    api_key()
+    web = gateway_web()
+    for headers in ({}, {"Authorization": "Bearer sk-llmgw-wrong"}, {"Authorization": "Basic dXNlcjpwYXNz"},
+                    {"Authorization": "Bearer"}):
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            response = httpx.request(method, f"{web.url}{path}", json=_chat("m"), headers=headers, timeout=10)
+            assert response.status_code == 401, (headers, path)
+            assert response.json()["error"]["code"] == "invalid_api_key"
+    assert not engine.requests
+
+
+def test_open_gateway_needs_no_key_and_says_so(gateway_web, make_replica, fake_engine):
+    engine = fake_engine("m")
+    make_replica("m", engine.port)
+    web = gateway_web(LLMGW_GATEWAY_OPEN="1")
+    assert httpx.post(f"{web.url}/v1/chat/completions", json=_chat("m"), timeout=10).status_code == 200
+    assert httpx.post(f"{web.url}/v1/chat/completions", json=_chat("m"), timeout=10,
+                      headers={"Authorization": "Bearer anything"}).status_code == 200
+    assert "WITHOUT AN API KEY" in web.log()
+
+
+def test_usage_is_written_when_the_process_stops(make_replica, fake_engine, api_key, tmp_path):
+    """Counts are added every two seconds, and once more on the way out when
+    the server sends lifespan events (as 'llmgw up' runs uvicorn)."""
+    import sys
+
+    from gateway.models import ApiKey
+    from gateway.selectors import gateway_processes
+    from tests.conftest import Server, free_port, server_env
+
+    engine = fake_engine("m")
+    make_replica("m", engine.port)
+    key = api_key("lifespan")
+    port = free_port()
+    web = Server("web", [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", "127.0.0.1",
+                         "--port", str(port), "--no-access-log", "--lifespan", "on"],
+                 server_env(LLMGW_GATEWAY_SYNC_INTERVAL="0.1"), "127.0.0.1", port, tmp_path / "web.log")
+    try:
+        web.start()
+        for _ in range(3):
+            response = httpx.post(f"{web.url}/v1/chat/completions", json=_chat("m"), timeout=10,
+                                  headers={"Authorization": f"Bearer {key}"})
+            assert response.status_code == 200
+        wait_until(lambda: gateway_processes(), timeout=2, message="the process's record")
+        web.stop()  # at once: well inside the two seconds between flushes
+        assert ApiKey.objects.get(name="lifespan").requests == 3, web.log()
+        assert gateway_processes() == []  # it took its record with it
+    finally:
+        web.stop()

@@ -1,0 +1,41 @@
+"""The curl and openai snippets that 'make demo' prints, run for real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from gateway import snippets
+
+
+@pytest.fixture
+def demo(gateway_web, make_replica, sim_engine, api_key):
+    port = sim_engine("demo-model", token_delay=0.002)
+    make_replica("demo-model", port)
+    web = gateway_web()
+    return web.url, dict(os.environ, LLMGW_KEY=api_key("demo"))
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
+def test_curl_snippet(demo):
+    url, env = demo
+    result = subprocess.run(["bash", "-c", snippets.curl(base_url=url, model="demo-model")], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert '"content": "This"' in result.stdout and result.stdout.rstrip().endswith("data: [DONE]")
+
+
+def test_openai_snippet(demo):
+    url, env = demo
+    result = subprocess.run([sys.executable, "-c", snippets.openai_python(base_url=url, model="demo-model")], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("This is demo-model answering")
+
+
+def test_key_command_prints_the_key_alone():
+    assert snippets.key_command("demo") == "export LLMGW_KEY=$(llmgw ctl keys create demo -q)"
