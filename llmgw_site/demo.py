@@ -51,7 +51,6 @@ def run_demo(*, host: str, web_port: int, agent_port: int) -> int:
 
     from .runner import first_run, process_commands
 
-    os.environ.setdefault("LLMGW_GATEWAY_OPEN", "1")
     lines = first_run(host=host)
     for folder in getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).values():
         if isinstance(folder, str):
@@ -80,6 +79,18 @@ def run_demo(*, host: str, web_port: int, agent_port: int) -> int:
     catalog_apply(entries=yaml.safe_load(SAMPLE_CATALOG)["models"], prune=False)
     data = settings.DATA_DIR
     web = f"http://{host}:{web_port}"
+    llmgw = sys.argv[0] if sys.argv and sys.argv[0].endswith("llmgw") else "llmgw"
+    from gateway import snippets
+    from gateway.models import ApiKey
+    from gateway.services import key_create
+
+    key = "(a key named 'demo' exists from an earlier run: llmgw ctl keys create NAME -q makes another)"
+    if not ApiKey.objects.filter(name="demo").exists():
+        key = key_create(name="demo").key
+    curl = "  " + snippets.curl(base_url=web, model="qwen-7b-sim").replace("\n", "\n  ")
+    openai = "  python - <<'PY'\n" + "".join(
+        "  " + line + "\n" for line in snippets.openai_python(base_url=web, model="qwen-7b-sim").splitlines()
+    ) + "  PY"
     print("\n".join(lines))
     print(f"""
 llmgw demo is up: four simulated nodes, node01+node02 on ib-a and node03+node04 on ib-b, 8 GPUs each,
@@ -90,22 +101,22 @@ each a real agent on its own loopback address with its own certificate.
 
 Watch it (in another shell):
   export LLMGW_DATA_DIR={data} LLMGW_URL={web}
-  llmgw ctl nodes
-  llmgw ctl replicas
-  llmgw ctl events
+  {llmgw} ctl nodes
+  {llmgw} ctl replicas
+  {llmgw} ctl events
 
 Try a failure: kill node02 (its agent and its engines), then watch its replica fail and come back on ib-b:
-  llmgw demo kill node02 --data-dir {data}
+  {llmgw} demo kill node02 --data-dir {data}
 
 Try a drain:
-  llmgw ctl drain node03 --wait
+  {llmgw} ctl drain node03 --wait
 
-Send a request through the gateway:
-  curl -s {web}/v1/chat/completions -H 'Content-Type: application/json' \\
-       -d '{{"model": "qwen-7b-sim", "messages": [{{"role": "user", "content": "hello"}}]}}'
-  python -c "import openai; c = openai.OpenAI(base_url='{web}/v1', api_key='demo'); \\
-print(c.chat.completions.create(model='qwen-7b-sim', messages=[{{'role': 'user', 'content': 'hello'}}]).choices[0].message.content)"
+Send a request through the gateway, with the API key made for this demo (shown once):
+  export LLMGW_KEY={key}
+{curl}
 
+or with the openai package:
+{openai}
 Ctrl-C stops everything.
 """, flush=True)
     stopping = False
