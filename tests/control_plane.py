@@ -21,6 +21,7 @@ import pytest
 from django.conf import settings
 
 from agent.protocol import example_heartbeat
+from llmgw_site import simcluster
 from tests.conftest import REPO, celery_argv, mtls_client, server_env
 
 
@@ -196,10 +197,4 @@ def heartbeaters():
 
 
 def wait_until(predicate, *, timeout: float, interval: float = 0.2, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{message} not met after {timeout}s")
+    return simcluster.wait_until(predicate, timeout=timeout, interval=interval, what=message)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from django.utils import timezone
 
+from llmgw_site import simcluster
 from tests.conftest import REPO, free_port, wait_for_port
 from tests.factories import ModelFactory, NodeFactory
 
@@ -98,10 +98,4 @@ def api_key(transactional_db):
 
 
 def wait_until(predicate, *, timeout: float = 5.0, interval: float = 0.05, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{message} not reached within {timeout}s")
+    return simcluster.wait_until(predicate, timeout=timeout, interval=interval, what=message)
