@@ -66,8 +66,9 @@ services:
 test: $(DEV_STAMP) test-deps services
 	$(TEST_CMD) $(PYTEST_ARGS)
 
+# `make bench-heartbeats BENCH_HEARTBEATS_ARGS="--nodes 5000"`
 bench-heartbeats: $(DEV_STAMP) services
-	$(TEST_ENV) $(PY) bench/heartbeats.py
+	$(TEST_ENV) $(PY) bench/heartbeats.py $(BENCH_HEARTBEATS_ARGS)
 
 clean:
 	rm -rf $(VENV) var

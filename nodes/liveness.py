@@ -23,8 +23,6 @@ import logging
 import threading
 import time
 from datetime import timezone as dt_timezone
-from functools import lru_cache
-
 from django.conf import settings
 from django.utils import timezone
 
@@ -182,6 +180,8 @@ class RedisLiveness:
         return {k.decode(): float(v) for k, v in self.client.hgetall(SEEN_KEY).items()}
 
     def forget(self, node: str) -> None:
+        if self.feed is not None:
+            self.feed.drop(node)
         self.client.hdel(SEEN_KEY, node)
 
     def bump(self, node: str) -> None:
@@ -269,11 +269,35 @@ def _aware(ts: float):
     return timezone.datetime.fromtimestamp(ts, tz=dt_timezone.utc)
 
 
-@lru_cache(maxsize=1)
+_store: RedisLiveness | DatabaseLiveness | None = None
+_store_lock = threading.Lock()
+
+
 def store() -> RedisLiveness | DatabaseLiveness:
-    if settings.LLMGW_REDIS_URL:
-        return RedisLiveness(settings.LLMGW_REDIS_URL)
-    return DatabaseLiveness()
+    """The process's one liveness store.
+
+    Made under a lock: threads of the agent API ask for it at once as the
+    worker starts, and two stores would mean the heartbeat feed started on
+    one while heartbeats used the other (functools.lru_cache lets two callers
+    build a value each, and keeps the last).
+    """
+    global _store
+    current = _store
+    if current is None:
+        with _store_lock:
+            if _store is None:
+                _store = RedisLiveness(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL else DatabaseLiveness()
+            current = _store
+    return current
+
+
+def _store_clear() -> None:
+    global _store
+    with _store_lock:
+        _store = None
+
+
+store.cache_clear = _store_clear  # as with lru_cache: tests start each case with a new store
 
 
 def now() -> float:
