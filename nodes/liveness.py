@@ -184,12 +184,6 @@ class RedisLiveness:
             self.feed.drop(node)
         self.client.hdel(SEEN_KEY, node)
 
-    def bump(self, node: str) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hincrby(GENERATION_KEY, node, 1)
-        pipe.publish(GENERATION_CHANNEL, node)
-        pipe.execute()
-
     def bump_many(self, nodes: list[str], *, channel: str) -> None:
         """Bump many generations and wake their long-polls, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
@@ -245,9 +239,6 @@ class DatabaseLiveness:
         }
 
     def forget(self, node: str) -> None:
-        pass
-
-    def bump(self, node: str) -> None:
         pass
 
     def bump_many(self, nodes: list[str], *, channel: str) -> None:

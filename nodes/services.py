@@ -35,29 +35,21 @@ def event_record(
     )
 
 
-def _bump_on_commit(node_name: str) -> None:
-    """After commit: invalidate the agent API's cached view of the node and
-    wake its parked desired-state long-poll."""
-
-    def bump():
-        liveness.store().bump(node_name)
-        watch.notify(node_name)
-
-    transaction.on_commit(bump)
-
-
-def nodes_desired_changed(*, node_names: list[str]) -> None:
-    """node_desired_changed for many nodes at once (a batch of placements)."""
-    Node.objects.filter(name__in=node_names).update(desired_version=F("desired_version") + 1)
-
+def _bump_on_commit(node_names: list[str]) -> None:
+    """After commit: invalidate the agent API's cached view of the nodes and
+    wake their parked desired-state long-polls (one Redis round trip)."""
     transaction.on_commit(lambda: liveness.store().bump_many(node_names, channel=watch.CHANNEL))
 
 
+def nodes_desired_changed(*, node_names: list[str]) -> None:
+    """What the nodes should run changed: bump their versions (inside the
+    caller's transaction) and tell their agents after commit."""
+    Node.objects.filter(name__in=node_names).update(desired_version=F("desired_version") + 1)
+    _bump_on_commit(node_names)
+
+
 def node_desired_changed(*, node_name: str) -> None:
-    """What the node should run changed: bump its version (inside the caller's
-    transaction) and tell its agent after commit."""
-    Node.objects.filter(name=node_name).update(desired_version=F("desired_version") + 1)
-    _bump_on_commit(node_name)
+    nodes_desired_changed(node_names=[node_name])
 
 
 def node_transition(
@@ -95,7 +87,7 @@ def node_transition(
             severity=severity,
             data={"from": previous, "to": to},
         )
-        _bump_on_commit(node_name)
+        _bump_on_commit([node_name])
     return node
 
 
@@ -253,12 +245,12 @@ def _clock_update(now: dt.datetime) -> dt.datetime | None:
     return clock.heard_since
 
 
-def _mass_silence(*, overdue: int, live: int, now: dt.datetime) -> bool:
+def _mass_silence(*, silent: int, live: int, now: dt.datetime) -> bool:
     """Most nodes going silent at the same moment is more likely our own
     network than a mass death: hold failovers and say so loudly (Kubernetes
     stops evicting when a whole zone looks unhealthy, for the same reason)."""
     fraction = settings.LLMGW_MASS_SILENCE_FRACTION
-    holding = 0 < fraction < 1 and overdue >= 2 and overdue > fraction * live
+    holding = 0 < fraction < 1 and silent >= 2 and silent > fraction * live
     with transaction.atomic():
         clock = ControlPlaneClock.objects.select_for_update().get(pk=1)
         if holding and clock.holding_since is None:
@@ -266,7 +258,7 @@ def _mass_silence(*, overdue: int, live: int, now: dt.datetime) -> bool:
             event_record(
                 kind=EventKind.CONTROL_PLANE,
                 subject="control-plane",
-                message=f"{overdue} of {live} nodes went silent at once: suspecting the control plane's "
+                message=f"{silent} of {live} nodes went silent at once: suspecting the control plane's "
                 "own network rather than the nodes, so no node is declared lost and no replica is "
                 "failed over. Check the network between the control plane and the nodes; if the "
                 "nodes really are down, set LLMGW_MASS_SILENCE_FRACTION=1 to let failover proceed",
@@ -277,7 +269,7 @@ def _mass_silence(*, overdue: int, live: int, now: dt.datetime) -> bool:
             event_record(
                 kind=EventKind.CONTROL_PLANE,
                 subject="control-plane",
-                message=f"no longer holding failovers ({overdue} of {live} nodes silent)",
+                message=f"no longer holding failovers ({silent} of {live} nodes silent)",
             )
         clock.save(update_fields=["holding_since"])
     return holding
@@ -297,6 +289,10 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
     seen = store.seen_all()
     stale_copies = []
     overdue = []
+    # Nodes that fell silent together cross the deadline up to a heartbeat
+    # apart: count as silent every node past half its grace, so that the first
+    # one overdue is not failed over before the others are counted with it.
+    silent = 0
     live = 0
     for node in Node.objects.filter(status__in=LIVE).only("id", "name", "status", "last_heartbeat_at", "status_changed_at"):
         live += 1
@@ -306,11 +302,13 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
             node.last_heartbeat_at = last
             stale_copies.append(node)
         reference = max(filter(None, [last, node.status_changed_at, heard_since]))
+        if now - reference > grace / 2:
+            silent += 1
         if now - reference > grace:
             overdue.append((node, last))
     if stale_copies:
         Node.objects.bulk_update(stale_copies, ["last_heartbeat_at"], batch_size=500)
-    if _mass_silence(overdue=len(overdue), live=live, now=now):
+    if _mass_silence(silent=silent, live=live, now=now):
         return []
     lost = []
     for node, last in overdue:

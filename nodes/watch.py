@@ -4,8 +4,9 @@ An agent asks ``GET /agent/v1/nodes/<id>/desired?version=N&wait=S``. When
 version N is current, the agent API worker parks the connection in its event
 loop (see ``llmgw_site.agent_watch``) instead of holding a pool thread for up
 to S seconds, and wakes it when the node's state changes: services publish
-the node's name on a Redis channel (``notify``), or, on the embedded default,
-a poller reads the waiting nodes' versions from the database.
+the node's name on a Redis channel (``liveness.RedisLiveness.bump_many``),
+or, on the embedded default, a poller reads the waiting nodes' versions from
+the database.
 
 This module decides whether a request may be parked; the answer itself always
 comes from the Django view, so refusals and replies have one implementation.
@@ -71,15 +72,6 @@ def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> P
 
 def versions(nodes: list[str]) -> dict[str, int]:
     return dict(Node.objects.filter(name__in=nodes).values_list("name", "desired_version"))
-
-
-def notify(node_name: str) -> None:
-    """Wake the node's parked long-poll, wherever it is parked."""
-    from . import liveness
-
-    store = liveness.store()
-    if isinstance(store, liveness.RedisLiveness):
-        store.client.publish(CHANNEL, node_name)
 
 
 def use_pubsub() -> bool:

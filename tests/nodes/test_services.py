@@ -249,3 +249,38 @@ def test_sweep_keeps_the_stored_heartbeat_copy_roughly_current(line, store):
     line.heartbeat("node01", 100)
     line.sweep(101)
     assert Node.objects.get(name="node01").last_heartbeat_at == line.at(100)
+
+
+@pytest.fixture
+def mass_line(line, settings):
+    settings.LLMGW_MASS_SILENCE_FRACTION = 0.5
+    return line
+
+
+def test_nodes_falling_silent_together_hold_failover_though_their_deadlines_differ(mass_line):
+    """Frozen at one moment, their last heartbeats a few seconds apart: the
+    first past its deadline is not failed over alone; the hold counts them all."""
+    line = mass_line
+    for name in ("node01", "node02", "node03", "node04"):
+        line.node(name)
+    for name, last in (("node01", 4.0), ("node02", 6.0), ("node03", 8.0)):
+        line.heartbeat(name, last)
+    for offset in range(0, 40, 2):
+        line.heartbeat("node04", offset)
+    # Sweeps all along (no gap that would give everyone a fresh grace period).
+    lost = line.sweep_every(0, 30)
+    assert lost == []
+    assert {_status(n) for n in ("node01", "node02", "node03", "node04")} == {NodeStatus.READY}
+    assert any("3 of 4 nodes went silent at once" in m for m in _control_plane_events())
+
+
+def test_one_node_silent_among_many_is_failed_over(mass_line):
+    line = mass_line
+    for name in ("node01", "node02", "node03", "node04"):
+        line.node(name)
+    line.heartbeat("node01", 4.0)
+    for name in ("node02", "node03", "node04"):
+        for offset in range(0, 30, 2):
+            line.heartbeat(name, offset)
+    assert line.sweep_every(0, 28) == ["node01"]
+    assert not any("went silent at once" in m for m in _control_plane_events())
