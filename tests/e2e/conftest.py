@@ -1,3 +1,4 @@
 """End-to-end tests: whole control planes as real processes."""
 
 from tests.control_plane import celery_factory, heartbeaters  # noqa: F401 - fixtures for every e2e test
+from tests.e2e.sim import sim_cluster  # noqa: F401 - the simulated cluster, for every e2e test

@@ -14,7 +14,7 @@ from replicas.catalog import catalog_apply
 from replicas.choices import ReplicaStatus
 from replicas.drain import drain_start
 from replicas.models import Drain, Member, Replica
-from tests.e2e.sim import fast_env, sim_cluster  # noqa: F401 - fixture
+from tests.e2e.sim import fast_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

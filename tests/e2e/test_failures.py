@@ -13,7 +13,7 @@ from replicas.catalog import catalog_apply
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.drain import drain_start
 from replicas.models import Drain, Member, Replica
-from tests.e2e.sim import GRACE, sim_cluster  # noqa: F401 - fixture
+from tests.e2e.sim import GRACE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -12,7 +12,6 @@ from nodes.models import Event, Node
 from replicas.catalog import catalog_apply
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, Replica
-from tests.e2e.sim import sim_cluster  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -10,7 +10,6 @@ from nodes.services import node_transition
 from replicas import drain, reconcile, services
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, PortAllocation, Replica
-from replicas.scheduling import replicas_schedule_pending
 from tests.factories import ModelFactory, node_with_gpus
 
 pytestmark = pytest.mark.django_db
