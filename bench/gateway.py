@@ -192,8 +192,9 @@ def start_gateway(stack: Stack, upstream: int) -> Target:
     key = setup.stdout.strip().splitlines()[-1]
     port = free_port()
     # The web process exactly as 'llmgw up' starts it.
-    proc = stack.start("gateway", [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", HOST,
-                                   "--port", str(port), "--no-access-log", "--lifespan", "on"], env=env)
+    from llmgw_site.runner import web_argv
+
+    proc = stack.start("gateway", web_argv(host=HOST, port=port), env=env)
     headers = {"Authorization": f"Bearer {key}"}
     wait_http(port, "/v1/models", 60, proc, headers)
     return Target("llmgw gateway", port, headers=headers, procs=[proc])

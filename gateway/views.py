@@ -43,6 +43,11 @@ def _method(gw: Gateway, request: HttpRequest, endpoint: str, allowed: str) -> H
                    ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": allowed})
 
 
+def _model_object(gw: Gateway, name: str) -> dict:
+    """A model as OpenAI's /v1/models lists it."""
+    return {"id": name, "object": "model", "created": gw.table.catalog.get(name, 0), "owned_by": "llmgw"}
+
+
 def _visible(gw: Gateway, key: Key | None) -> list[str]:
     return sorted(m for m in gw.table.catalog if key is None or key.allows(m))
 
@@ -55,10 +60,7 @@ async def models(request: HttpRequest) -> HttpResponse:
     key, refused = _authenticate(gw, request, "models")
     if refused:
         return refused
-    data = [
-        {"id": name, "object": "model", "created": gw.table.catalog.get(name, 0), "owned_by": "llmgw"}
-        for name in gw.table.ready_models() if key is None or key.allows(name)
-    ]
+    data = [_model_object(gw, name) for name in gw.table.ready_models() if key is None or key.allows(name)]
     gw.metrics.request("", "", "models", 200)
     return json_response(encode({"object": "list", "data": data}))
 
@@ -75,8 +77,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
         return _refuse(gw, "models", "", 404, _unknown_model_message(gw, key, model), ErrorKind.MODEL_NOT_FOUND,
                        param="model")
     gw.metrics.request(model, "", "models", 200)
-    return json_response(encode(
-        {"id": model, "object": "model", "created": gw.table.catalog.get(model, 0), "owned_by": "llmgw"}))
+    return json_response(encode(_model_object(gw, model)))
 
 
 def _unknown_model_message(gw: Gateway, key: Key | None, model: str) -> str:

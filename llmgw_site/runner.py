@@ -51,6 +51,15 @@ def first_run(*, host: str) -> list[str]:
     return lines
 
 
+def web_argv(*, host: str, port: int) -> list[str]:
+    """The web process (site, operator API, gateway), as every caller starts it.
+
+    Lifespan events on: the gateway flushes its usage counts at shutdown.
+    """
+    return [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", host, "--port", str(port),
+            "--no-access-log", "--lifespan", "on"]
+
+
 def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers: int) -> dict[str, list[str]]:
     from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY
 
@@ -62,8 +71,7 @@ def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers
     return {
         # Lifespan events start the gateway's routing table before the first
         # /v1 request and write its last usage counts on the way out.
-        "web": [py, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", host, "--port", str(web_port),
-                "--no-access-log", "--lifespan", "on"],
+        "web": web_argv(host=host, port=web_port),
         "agent-api": gunicorn_argv(
             host=host, port=agent_port, certfile=str(pki / SERVER_CERT), keyfile=str(pki / SERVER_KEY),
             cafile=str(pki / CA_CERT), workers=agent_workers,

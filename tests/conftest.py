@@ -197,9 +197,9 @@ def web_factory(pki_dir, transactional_db, tmp_path):
 
     def make(*, port: int | None = None, **env: str) -> Server:
         port = port or free_port()
-        argv = [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", "127.0.0.1",
-                "--port", str(port), "--no-access-log", "--lifespan", "off"]
-        server = Server("web", argv, server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
+        from llmgw_site.runner import web_argv
+
+        server = Server("web", web_argv(host="127.0.0.1", port=port), server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
         servers.append(server)
         return server.start()
 

@@ -112,9 +112,8 @@ def test_open_gateway_needs_no_key_and_says_so(gateway_web, make_replica, fake_e
 def test_usage_is_written_when_the_process_stops(make_replica, fake_engine, api_key, tmp_path):
     """Counts are added every two seconds, and once more on the way out when
     the server sends lifespan events (as 'llmgw up' runs uvicorn)."""
-    import sys
-
     from gateway.models import ApiKey
+    from llmgw_site.runner import web_argv
     from gateway.selectors import gateway_processes
     from tests.conftest import Server, free_port, server_env
 
@@ -122,8 +121,7 @@ def test_usage_is_written_when_the_process_stops(make_replica, fake_engine, api_
     make_replica("m", engine.port)
     key = api_key("lifespan")
     port = free_port()
-    web = Server("web", [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", "127.0.0.1",
-                         "--port", str(port), "--no-access-log", "--lifespan", "on"],
+    web = Server("web", web_argv(host="127.0.0.1", port=port),
                  server_env(LLMGW_GATEWAY_SYNC_INTERVAL="0.1"), "127.0.0.1", port, tmp_path / "web.log")
     try:
         web.start()

@@ -16,8 +16,9 @@ from gateway import snippets
 def demo(gateway_web, make_replica, sim_engine, api_key):
     port = sim_engine("demo-model", token_delay=0.002)
     make_replica("demo-model", port)
+    key = api_key("demo")  # before the gateway starts: it loads its keys at start-up, then every 0.2 s
     web = gateway_web()
-    return web.url, dict(os.environ, LLMGW_KEY=api_key("demo"))
+    return web.url, dict(os.environ, LLMGW_KEY=key)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
