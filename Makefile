@@ -24,7 +24,7 @@ TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
 TEST_CMD := $(TEST_ENV) $(PY) -m pytest
 
-.PHONY: up demo test venv venv-dev test-deps services bench-heartbeats clean
+.PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats clean
 # A bare `make` only prepares .venv (the files in mk/ define targets first).
 .DEFAULT_GOAL := venv
 
@@ -65,6 +65,12 @@ services:
 # `make test PYTEST_ARGS="-k outage -x"` narrows the run.
 test: $(DEV_STAMP) test-deps services
 	$(TEST_CMD) $(PYTEST_ARGS)
+
+# The production process set (web, agent API, worker, beat) from a venv made
+# of requirements.txt alone, on PostgreSQL and Redis: a node registers and a
+# replica becomes ready. CI runs it after the tests.
+prod-check: services
+	$(PYTHON) scripts/prod_check.py
 
 # `make bench-heartbeats BENCH_HEARTBEATS_ARGS="--nodes 5000"`
 bench-heartbeats: $(DEV_STAMP) services
