@@ -7,7 +7,9 @@ Redis for production; liveness then moves to Redis (``LLMGW_REDIS_URL``,
 which defaults to a ``redis://`` broker URL).
 """
 
+import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 
@@ -33,22 +35,37 @@ def _secret_key() -> str:
     if key_file.exists():
         return key_file.read_text().strip()
     # Embedded default: make one and keep it, so sessions survive restarts.
+    # Created 0600, never readable by others even for a moment.
     from django.utils.crypto import get_random_string
 
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     key = get_random_string(64)
     try:
-        with open(key_file, "x") as handle:
-            handle.write(key)
-        key_file.chmod(0o600)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        key = key_file.read_text().strip()
+        return key_file.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
     return key
 
 
 SECRET_KEY = _secret_key()
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+
+# Where operators reach the web process (``https://llmgw.example.org``), as a
+# TLS reverse proxy in front of it serves it. Over https, cookies are sent only
+# over TLS and browsers are told to use nothing else (HSTS).
+LLMGW_PUBLIC_URL = env.str("LLMGW_PUBLIC_URL", default="").rstrip("/")
+_public = urlsplit(LLMGW_PUBLIC_URL)
+if LLMGW_PUBLIC_URL and (_public.scheme not in ("http", "https") or not _public.hostname):
+    raise ValueError(f"LLMGW_PUBLIC_URL={LLMGW_PUBLIC_URL!r}: give the full address, e.g. https://llmgw.example.org")
+if _public.scheme == "https":
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("LLMGW_HSTS_SECONDS", default=31536000)
+    CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
+    # The proxy terminates TLS and says so; only it can reach the web process.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -37,3 +37,51 @@ def test_api_docs_load_nothing_from_outside(web_factory, admin_token):
         schema = client.get("/api/schema/")
         assert schema.status_code == 200
 
+
+
+def _settings_in_a_fresh_process(tmp_path, *, prelude: str = "", **env: str) -> dict:
+    """The settings a process started with ``env`` gets (they are read once)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = prelude + (
+        "import json, django; from django.conf import settings as s; django.setup(); print(json.dumps({"
+        "k: getattr(s, k, None) for k in ('SESSION_COOKIE_SECURE', 'CSRF_COOKIE_SECURE', 'SECURE_HSTS_SECONDS',"
+        " 'CSRF_TRUSTED_ORIGINS', 'SECURE_PROXY_SSL_HEADER')}))"
+    )
+    full = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_PUBLIC")}
+    full.update(DJANGO_SETTINGS_MODULE="llmgw_site.settings", LLMGW_DATA_DIR=str(tmp_path / "data"), **env)
+    done = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60)
+    return {"returncode": done.returncode, "stderr": done.stderr,
+            **(json.loads(done.stdout) if done.returncode == 0 else {})}
+
+
+def test_behind_tls_cookies_are_secure_and_hsts_is_on(tmp_path):
+    plain = _settings_in_a_fresh_process(tmp_path)
+    assert plain["returncode"] == 0, plain["stderr"]
+    assert not plain["SESSION_COOKIE_SECURE"] and not plain["SECURE_HSTS_SECONDS"]
+
+    tls = _settings_in_a_fresh_process(tmp_path, LLMGW_PUBLIC_URL="https://llmgw.example.org/")
+    assert tls["returncode"] == 0, tls["stderr"]
+    assert tls["SESSION_COOKIE_SECURE"] and tls["CSRF_COOKIE_SECURE"]
+    assert tls["SECURE_HSTS_SECONDS"] >= 31536000
+    assert tls["CSRF_TRUSTED_ORIGINS"] == ["https://llmgw.example.org"]
+    assert tls["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+
+    wrong = _settings_in_a_fresh_process(tmp_path, LLMGW_PUBLIC_URL="llmgw.example.org")
+    assert wrong["returncode"] != 0 and "give the full address" in wrong["stderr"]
+
+
+def test_secret_key_is_created_0600(tmp_path):
+    done = _settings_in_a_fresh_process(tmp_path)
+    assert done["returncode"] == 0, done["stderr"]
+    key = tmp_path / "data" / "secret-key"
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    assert len(key.read_text().strip()) == 64
+    # Created with that mode, not chmodded after: with chmod doing nothing it is still 0600.
+    key.unlink()
+    no_chmod = "import os, pathlib; os.chmod = pathlib.Path.chmod = lambda *a, **k: None\n"
+    assert _settings_in_a_fresh_process(tmp_path, prelude=no_chmod)["returncode"] == 0
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
