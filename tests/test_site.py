@@ -85,3 +85,12 @@ def test_secret_key_is_created_0600(tmp_path):
     no_chmod = "import os, pathlib; os.chmod = pathlib.Path.chmod = lambda *a, **k: None\n"
     assert _settings_in_a_fresh_process(tmp_path, prelude=no_chmod)["returncode"] == 0
     assert oct(key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(web_factory, admin_token):
+    web = web_factory()
+    body = "[" * 100_000 + "]" * 100_000
+    r = httpx.post(f"{web.url}/api/v1/keys/", content=body, timeout=30,
+                   headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "nested too deeply" in r.json()["detail"]
