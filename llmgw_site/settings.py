@@ -91,6 +91,7 @@ else:
     ROOT_URLCONF = "llmgw_site.urls"
     MIDDLEWARE = [
         "django.middleware.security.SecurityMiddleware",
+        "llmgw_site.middleware.RejectNulMiddleware",
         "django.contrib.sessions.middleware.SessionMiddleware",
         "django.middleware.common.CommonMiddleware",
         "django.middleware.csrf.CsrfViewMiddleware",

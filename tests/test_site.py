@@ -94,3 +94,14 @@ def test_deeply_nested_json_is_a_400_not_a_500(web_factory, admin_token):
                    headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"})
     assert r.status_code == 400, (r.status_code, r.text[:300])
     assert "nested too deeply" in r.json()["detail"]
+
+
+def test_a_nul_byte_in_a_path_or_filter_is_a_400(web_factory, admin_token):
+    web = web_factory()
+    auth = {"Authorization": f"Bearer {admin_token}"}
+    for path in ("/api/v1/nodes/a%00b/", "/api/v1/events/?kind=%00", "/api/v1/nodes/?x=%2500&y=%00"):
+        r = httpx.get(f"{web.url}{path}", headers=auth, timeout=10)
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+        assert "NUL" in r.json()["detail"]
+    r = httpx.get(f"{web.url}/nodes/a%00b/", headers=auth, timeout=10)
+    assert r.status_code == 400 and "NUL" in r.text
