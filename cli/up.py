@@ -1,19 +1,25 @@
-"""``llmgw up``: first-run set-up, then every process of the control plane."""
+"""``llmgw up``: first-run set-up, then every process of the control plane.
+
+Imported only once Django is set up (see ``cli/env.py``).
+"""
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
 
-logger = logging.getLogger(__name__)
+from agentapi.command import gunicorn_argv
+from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, pki_ensure_agent_listener
+
+from .commands import beat_argv, web_argv, worker_argv
+from .env import child_env, ensure_migrated
+from .processes import ProcessGroup, stopped_on_exit
 
 
 def first_run(*, host: str) -> list[str]:
@@ -21,13 +27,6 @@ def first_run(*, host: str) -> list[str]:
 
     Returns lines to print (the admin password appears exactly once, ever).
     """
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
-    from pki.services import pki_ensure_agent_listener
-
-    from .cli import ensure_migrated
-
     lines = []
     settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
     ensure_migrated()
@@ -48,39 +47,24 @@ def first_run(*, host: str) -> list[str]:
         with os.fdopen(fd, "w") as handle:
             handle.write(token.key)
         lines.append(f"wrote the API token for 'llmgw ctl' to {token_file}")
+    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        for folder in settings.CELERY_BROKER_TRANSPORT_OPTIONS.values():
+            if isinstance(folder, str):
+                Path(folder).mkdir(parents=True, exist_ok=True)
     return lines
 
 
-def web_argv(*, host: str, port: int) -> list[str]:
-    """The web process (site, operator API, gateway), as every caller starts it.
-
-    Lifespan events on: the gateway flushes its usage counts at shutdown.
-    """
-    return [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", host, "--port", str(port),
-            "--no-access-log", "--lifespan", "on"]
-
-
 def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers: int) -> dict[str, list[str]]:
-    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY
-
-    from .agent_server import gunicorn_argv
-
-    py = sys.executable
     pki = Path(settings.PKI_DIR)
     embedded = settings.CELERY_BROKER_URL.startswith("filesystem://")
     return {
-        # Lifespan events start the gateway's routing table before the first
-        # /v1 request and write its last usage counts on the way out.
         "web": web_argv(host=host, port=web_port),
         "agent-api": gunicorn_argv(
             host=host, port=agent_port, certfile=str(pki / SERVER_CERT), keyfile=str(pki / SERVER_KEY),
             cafile=str(pki / CA_CERT), workers=agent_workers,
         ),
-        "worker": [py, "-m", "celery", "-A", "llmgw_site", "worker", "--loglevel", "INFO",
-                   "--pool", "threads", "--concurrency", "4" if embedded else "8", "--without-gossip",
-                   "--without-mingle", "--hostname", f"worker-{os.getpid()}@%h"],
-        "beat": [py, "-m", "celery", "-A", "llmgw_site", "beat", "--loglevel", "INFO",
-                 "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME],
+        "worker": worker_argv(concurrency=4 if embedded else 8, hostname=f"worker-{os.getpid()}@%h"),
+        "beat": beat_argv(schedule=settings.CELERY_BEAT_SCHEDULE_FILENAME),
     }
 
 
@@ -89,63 +73,29 @@ def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2)
     for line in lines:
         print(line, flush=True)
     password_shown = any(line.startswith("created user") for line in lines)
-    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
-        for folder in settings.CELERY_BROKER_TRANSPORT_OPTIONS.values():
-            if isinstance(folder, str):
-                Path(folder).mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, LLMGW_DATA_DIR=str(settings.DATA_DIR), PYTHONUNBUFFERED="1")
     commands = process_commands(host=host, web_port=web_port, agent_port=agent_port, agent_workers=agent_workers)
-    children: dict[str, subprocess.Popen] = {}
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    for name, argv in commands.items():
-        children[name] = subprocess.Popen(argv, env=env, start_new_session=True)
-    db = settings.DATABASES["default"]
-    print(
-        "\nllmgw is up\n"
-        f"  dashboard   http://{host}:{web_port}/   (admin at /admin/, API at /api/v1/, schema at /api/schema/)\n"
-        f"  agent API   https://{host}:{agent_port}/agent/v1/   (mTLS, CA {Path(settings.PKI_DIR) / 'ca.pem'})\n"
-        f"  data        {settings.DATA_DIR}  (database: {db['ENGINE'].rsplit('.', 1)[-1]}, broker: "
-        f"{settings.CELERY_BROKER_URL.split('://')[0]})\n"
-        "  a node      llmgw ctl cert issue-client NODE --out DIR, then llmgw agent --config agent.yaml\n"
-        + ("" if password_shown else _forgot_password_hint())
-        + "Ctrl-C stops everything.\n",
-        flush=True,
-    )
-    exit_code = 0
-    while not stopping:
-        for name, child in children.items():
-            if child.poll() is not None:
-                print(f"llmgw: {name} exited with status {child.returncode}; stopping", file=sys.stderr, flush=True)
-                exit_code = 1
-                stopping = True
-                break
-        time.sleep(0.3)
-    for child in children.values():
-        _signal_group(child, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for child in children.values():
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(child, signal.SIGKILL)
-            child.wait()
-    return exit_code
-
-
-def _signal_group(child: subprocess.Popen, signum: int) -> None:
-    """Signal a child's whole process group (gunicorn has workers of its own);
-    a group that has already gone is not an error."""
-    try:
-        os.killpg(child.pid, signum)
-    except ProcessLookupError:
-        pass
+    group = ProcessGroup(env=child_env(settings.DATA_DIR))
+    with stopped_on_exit(group.stop_all):
+        for name, argv in commands.items():
+            group.start(name, argv)
+        db = settings.DATABASES["default"]
+        print(
+            "\nllmgw is up\n"
+            f"  dashboard   http://{host}:{web_port}/   (admin at /admin/, API at /api/v1/, schema at /api/schema/)\n"
+            f"  agent API   https://{host}:{agent_port}/agent/v1/   (mTLS, CA {Path(settings.PKI_DIR) / 'ca.pem'})\n"
+            f"  data        {settings.DATA_DIR}  (database: {db['ENGINE'].rsplit('.', 1)[-1]}, broker: "
+            f"{settings.CELERY_BROKER_URL.split('://')[0]})\n"
+            "  a node      llmgw ctl cert issue-client NODE --out DIR, then llmgw agent --config agent.yaml\n"
+            + ("" if password_shown else _forgot_password_hint())
+            + "Ctrl-C stops everything.\n",
+            flush=True,
+        )
+        exited = group.wait(interval=0.3)
+        if exited is None:
+            return 0
+        code = group.procs[exited].returncode
+        print(f"llmgw: {exited} exited with status {code}; stopping", file=sys.stderr, flush=True)
+        return 1
 
 
 def _forgot_password_hint() -> str:
