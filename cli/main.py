@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agent.cli import main as agent_main
+
 from .ctl import add_ctl_parser, run_ctl
 from .env import demo_data_dir, setup_django
 
@@ -22,8 +24,6 @@ from .env import demo_data_dir, setup_django
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("agent", "sim"):
-        from agent.cli import main as agent_main
-
         return agent_main(argv)
 
     parser = argparse.ArgumentParser(prog="llmgw", description="llmgw: control plane for GPU clusters serving LLMs")
