@@ -4,7 +4,7 @@
     llmgw sim node-kit NODE --dir DIR [--gpus 8] [--fabric ib-a:mlx5_0,mlx5_1] [--addr 127.0.1.1] ...
     llmgw sim engine --rank R --nnodes N --rendezvous HOST:PORT ...   (= python -m agent.engines.sim)
 
-``llmgw_site.cli`` hands over argv with argv[0] = "agent" or "sim"; nothing
+``cli.main`` hands over argv with argv[0] = "agent" or "sim"; nothing
 here imports Django.
 """
 

@@ -64,9 +64,10 @@ def main() -> int:
 
     redis.Redis.from_url(args.redis).flushdb()
     call_command("migrate", verbosity=0)
-    from llmgw_site.agent_server import gunicorn_argv
-    from llmgw_site.runner import process_commands
-    from llmgw_site.simcluster import SEEDS_NODES, SimCluster, SimNode, wait_until
+    from agentapi.command import gunicorn_argv
+    from cli.simcluster import SEEDS_NODES, SimCluster, SimNode
+    from cli.up import process_commands
+    from cli.wait import wait_until
     from nodes.choices import NodeStatus
     from nodes.models import Event, Node
     from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
@@ -83,11 +84,11 @@ def main() -> int:
                        "supervisor.health_interval": "200ms", "supervisor.stop_timeout": "3s"},
     )
     pki = pki_dir()
-    cluster.start_process("agent-api", gunicorn_argv(host="127.0.0.1", port=port, certfile=str(pki / SERVER_CERT),
+    cluster.processes.start("agent-api", gunicorn_argv(host="127.0.0.1", port=port, certfile=str(pki / SERVER_CERT),
                                                     keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=1))
     commands = process_commands(host="127.0.0.1", web_port=0, agent_port=port, agent_workers=1)
-    cluster.start_process("worker", commands["worker"])
-    cluster.start_process("beat", commands["beat"])
+    cluster.processes.start("worker", commands["worker"])
+    cluster.processes.start("beat", commands["beat"])
     results = []
     try:
         def issue(name, out):
@@ -96,13 +97,13 @@ def main() -> int:
         for node in SEEDS_NODES:
             cluster.add_node(SimNode(node.name, node.addr, node.gpus, node.fabric, node.hcas), issue_cert=issue)
             cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == 4, timeout=60, what="4 ready nodes")
+        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == 4, timeout=60, message="4 ready nodes")
         catalog_apply(entries=[{"name": "llama-70b", "engine": "sim", "model": "/models/llama-70b",
                                 "nodes": 2, "gpus_per_node": 4, "replicas": 2}])
         modes = ["kill", "freeze"] if args.mode == "both" else [args.mode]
         for run, mode in [(r, m) for m in modes for r in range(args.runs)]:
             wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == 2, timeout=90,
-                       what="two ready replicas")
+                       message="two ready replicas")
             victim_replica = Replica.objects.filter(status=ReplicaStatus.READY).order_by("id").first()
             victim = victim_replica.members.order_by("-rank").first().node.name
             before = set(Replica.objects.values_list("pk", flat=True))
@@ -114,14 +115,14 @@ def main() -> int:
             lost = wait_until(
                 lambda: Event.objects.filter(subject=f"node/{victim}", data__to="lost",
                                              created_at__gte=_dt(t_kill)).first(),
-                timeout=args.grace + 30, interval=0.02, what=f"{victim} lost")
+                timeout=args.grace + 30, interval=0.02, message=f"{victim} lost")
             failed = wait_until(
                 lambda: Event.objects.filter(subject=f"replica/{victim_replica.pk}", data__to="failed").first(),
-                timeout=30, interval=0.02, what="replica failed")
+                timeout=30, interval=0.02, message="replica failed")
             ready = wait_until(
                 lambda: Event.objects.filter(kind="replica.status", data__to="ready", created_at__gte=_dt(t_kill))
                 .exclude(data__replica__in=list(before)).first(),
-                timeout=60, interval=0.02, what="replacement ready")
+                timeout=60, interval=0.02, message="replacement ready")
             t_lost, t_failed, t_ready = (e.created_at.timestamp() for e in (lost, failed, ready))
             results.append((mode, t_lost - t_kill, t_failed - t_kill, t_ready - t_kill, t_ready - t_lost))
             print(f"{mode} {run + 1}: {victim}: replica failed after {t_failed - t_kill:.2f}s, node lost after "
@@ -134,7 +135,7 @@ def main() -> int:
             else:
                 cluster.thaw_agent(victim)
             wait_until(lambda: Node.objects.get(name=victim).status == NodeStatus.READY, timeout=30,
-                       what=f"{victim} back")
+                       message=f"{victim} back")
     finally:
         cluster.stop()
     print()

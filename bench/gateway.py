@@ -192,7 +192,7 @@ def start_gateway(stack: Stack, upstream: int) -> Target:
     key = setup.stdout.strip().splitlines()[-1]
     port = free_port()
     # The web process exactly as 'llmgw up' starts it.
-    from llmgw_site.runner import web_argv
+    from cli.commands import web_argv
 
     proc = stack.start("gateway", web_argv(host=HOST, port=port), env=env)
     headers = {"Authorization": f"Bearer {key}"}

@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.db import connections
 
         connections.close_all()  # the server gets the database to itself
-        from llmgw_site.agent_server import gunicorn_argv
+        from agentapi.command import gunicorn_argv
         from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY
 
         pki = tmp / "pki"

@@ -85,7 +85,7 @@ INSTALLED_APPS = [
 ]
 
 if ROLE == "agent-api":
-    ROOT_URLCONF = "llmgw_site.agent_urls"
+    ROOT_URLCONF = "agentapi.urls"
     MIDDLEWARE: list[str] = []
 else:
     ROOT_URLCONF = "llmgw_site.urls"
@@ -188,12 +188,12 @@ LLMGW_HEARTBEAT_INTERVAL = env.float("LLMGW_HEARTBEAT_INTERVAL", default=5.0)
 LLMGW_SWEEP_INTERVAL = env.float("LLMGW_SWEEP_INTERVAL", default=2.0)
 # The periodic reconcile; changes also trigger one at once.
 LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)
-# Ports given to engines on each node (HTTP and rendezvous of each leader).
 # A stopping replica (scaled down, drained) leaves the routing table at once and
 # keeps running until its in-flight requests finish, at most this long.
 LLMGW_STOP_GRACE = env.float("LLMGW_STOP_GRACE", default=60.0)
 # How long the gateways take to see a routing change.
 LLMGW_ROUTING_SETTLE = env.float("LLMGW_ROUTING_SETTLE", default=1.5)
+# Ports given to engines on each node (HTTP and rendezvous of each leader).
 LLMGW_PORT_MIN = env.int("LLMGW_PORT_MIN", default=20000)
 LLMGW_PORT_MAX = env.int("LLMGW_PORT_MAX", default=29999)
 # A gap this long in the control plane's own hearing (agent API or sweep not
@@ -207,6 +207,16 @@ LLMGW_REVOCATION_CACHE_SECONDS = env.float("LLMGW_REVOCATION_CACHE_SECONDS", def
 LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
+
+# --- agent API listener (agentapi/) -------------------------------------------
+
+# Seconds a client gets to finish its TLS handshake.
+LLMGW_AGENT_HANDSHAKE_TIMEOUT = env.float("LLMGW_AGENT_HANDSHAKE_TIMEOUT", default=10.0)
+# Seconds a request may take to arrive once its connection is verified.
+LLMGW_AGENT_REQUEST_TIMEOUT = env.float("LLMGW_AGENT_REQUEST_TIMEOUT", default=30.0)
+LLMGW_AGENT_LOG_LEVEL = env.str("LLMGW_AGENT_LOG_LEVEL", default="info")
+# Any value turns gunicorn's access log on.
+LLMGW_AGENT_ACCESS_LOG = bool(env.str("LLMGW_AGENT_ACCESS_LOG", default=""))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

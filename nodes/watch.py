@@ -2,7 +2,7 @@
 
 An agent asks ``GET /agent/v1/nodes/<id>/desired?version=N&wait=S``. When
 version N is current, the agent API worker parks the connection in its event
-loop (see ``llmgw_site.agent_watch``) instead of holding a pool thread for up
+loop (see ``agentapi.watch``) instead of holding a pool thread for up
 to S seconds, and wakes it when the node's state changes: services publish
 the node's name on a Redis channel (``liveness.RedisLiveness.bump_many``),
 or, on the embedded default, a poller reads the waiting nodes' versions from

@@ -1,6 +1,6 @@
 """Who is on the other end of an agent API connection.
 
-The TLS layer (see ``llmgw_site.agent_server``) has already verified the
+The TLS layer (see ``agentapi.worker``) has already verified the
 client's certificate against our authority, its validity period and its
 clientAuth usage; here we read the verified certificate off the socket and
 name the node it proves.

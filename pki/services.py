@@ -264,10 +264,11 @@ def pki_ensure_agent_listener(*, hosts: list[str], ips: list[str]) -> bool:
     return created
 
 
-def bundle_write(*, issued: Issued, out_dir: Path) -> dict[str, Path]:
-    """Write NODE.pem, NODE-key.pem (0600) and ca.pem for a node."""
+def bundle_write(*, issued: Issued, out_dir: Path, name: str | None = None) -> dict[str, Path]:
+    """Write NAME.pem, NAME-key.pem (0600) and ca.pem; NAME is the certificate's
+    common name (a node's id) unless given."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = issued.row.common_name
+    name = name or issued.row.common_name
     paths = {
         "cert": out_dir / f"{name}.pem",
         "key": out_dir / f"{name}-key.pem",

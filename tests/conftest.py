@@ -138,7 +138,7 @@ class Server:
 @pytest.fixture
 def agent_api_factory(pki_dir, transactional_db, tmp_path):
     """Start real agent API listeners (gunicorn, mTLS) against the test database."""
-    from llmgw_site.agent_server import gunicorn_argv
+    from agentapi.command import gunicorn_argv
     from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY
 
     servers: list[Server] = []
@@ -197,7 +197,7 @@ def web_factory(pki_dir, transactional_db, tmp_path):
 
     def make(*, port: int | None = None, **env: str) -> Server:
         port = port or free_port()
-        from llmgw_site.runner import web_argv
+        from cli.commands import web_argv
 
         server = Server("web", web_argv(host="127.0.0.1", port=port), server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
         servers.append(server)

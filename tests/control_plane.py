@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings
 
 from agent.protocol import example_heartbeat
-from llmgw_site import simcluster
+from cli.wait import wait_until  # noqa: F401 - tests import it from here with the helpers
 from tests.conftest import REPO, celery_argv, mtls_client, server_env
 
 
@@ -196,5 +196,3 @@ def heartbeaters():
         beater.stop()
 
 
-def wait_until(predicate, *, timeout: float, interval: float = 0.2, message: str = "condition"):
-    return simcluster.wait_until(predicate, timeout=timeout, interval=interval, what=message)

@@ -27,7 +27,7 @@ PASSWORD_LINE = re.compile(r"created user 'admin' with password (\S+)")
 
 def llmgw_argv() -> list[str]:
     script = Path(sys.executable).with_name("llmgw")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "llmgw_site.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
 
 
 def embedded_env() -> dict[str, str]:

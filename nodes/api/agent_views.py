@@ -129,7 +129,7 @@ def heartbeat(request, node_id: str):
 @require_GET
 def desired(request, node_id: str):
     """The node's desired state. Long-polls that have nothing new yet were
-    parked by the listener before reaching this view (llmgw_site.agent_watch),
+    parked by the listener before reaching this view (agentapi.watch),
     so it always answers at once."""
     refusal = authorize_node(request, node_id)
     if refusal is not None:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,10 @@ import yaml
 from agent.engine_process import RECORD_FILE
 from agent.proc import ProcessIdentity, signal_group
 from agent.simkit import node_kit
+from cli.wait import wait_until
 from tests.conftest import REPO, free_port
 
 from .fake_control_plane import FakeControlPlane
-
-
-def wait_until(predicate, timeout: float, *, interval: float = 0.05, message: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; bounded in time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{message} not met within {timeout}s")
-        time.sleep(interval)
 
 
 # --- sockets of a process ---------------------------------------------------------------------
@@ -122,7 +110,7 @@ class AgentProcess:
         handle = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_site.cli", "agent", "--config", str(self.config)],
+            [sys.executable, "-m", "cli", "agent", "--config", str(self.config)],
             cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
         )
         handle.close()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def ctl_nodes(web, token: str) -> dict[str, dict]:
     env = dict(os.environ, LLMGW_URL=web.url, LLMGW_TOKEN=token)
     done = subprocess.run(
-        [sys.executable, "-m", "llmgw_site.cli", "ctl", "nodes", "-o", "json"],
+        [sys.executable, "-m", "cli", "ctl", "nodes", "-o", "json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr

@@ -133,7 +133,7 @@ def test_every_problem_is_listed_at_once(config_path):
 def test_agent_exits_2_with_the_messages(config_path):
     write_yaml(config_path, heartbeat_interval="soon")
     done = subprocess.run(
-        [sys.executable, "-m", "llmgw_site.cli", "agent", "--config", str(config_path)],
+        [sys.executable, "-m", "cli", "agent", "--config", str(config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2, done.stderr

@@ -23,7 +23,7 @@ def sim(tmp_path):
 
     def start(rank: int, nnodes: int, rendezvous: int, http: int, *, fabric: str = "ib-a",
               model: str = "sim-model", host: str = "127.0.0.1", via_llmgw: bool = False) -> subprocess.Popen:
-        entry = ["llmgw_site.cli", "sim", "engine"] if via_llmgw else ["agent.engines.sim"]
+        entry = ["cli", "sim", "engine"] if via_llmgw else ["agent.engines.sim"]
         argv = [sys.executable, "-m", *entry, "--rank", str(rank), "--nnodes", str(nnodes),
                 "--rendezvous", f"127.0.0.1:{rendezvous}", "--host", host, "--port", str(http),
                 "--model", model, "--fabric", fabric, "--token-delay", "0.005", "--peer-timeout", "3"]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 
 def llmgw(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmgw_site.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 

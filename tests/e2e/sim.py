@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_site.simcluster import SEEDS_NODES, SimCluster, SimNode, wait_until
+from cli.simcluster import SEEDS_NODES, SimCluster, SimNode
+from cli.wait import wait_until
 from tests.conftest import server_env
 from tests.control_plane import control_plane_env
 
@@ -62,7 +63,7 @@ def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settin
         names = [n.name for n in nodes]
         wait_until(
             lambda: Node.objects.filter(name__in=names, status=NodeStatus.READY).count() == len(names),
-            timeout=30, what="every simulated node to register and be ready",
+            timeout=30, message="every simulated node to register and be ready",
         )
         return cluster
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from llmgw_site.simcluster import wait_until
+from cli.wait import wait_until
 from replicas.catalog import catalog_apply
 from replicas.choices import ReplicaStatus
 from replicas.drain import drain_start
@@ -71,9 +71,9 @@ def _start(sim_cluster, web_factory, replicas: int):
     catalog_apply(entries=[{"name": MODEL, "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 8,
                             "replicas": replicas}])
     wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == replicas, timeout=60,
-               what="ready replicas")
+               message="ready replicas")
     wait_until(lambda: httpx.get(f"{web.url}/v1/models", timeout=5).json()["data"], timeout=10,
-               what="the gateway to route the model")
+               message="the gateway to route the model")
     return cluster, web
 
 
@@ -83,7 +83,7 @@ def test_drain_under_steady_traffic_drops_nothing(sim_cluster, web_factory):
     with Traffic(web.url) as traffic:
         time.sleep(2)
         drain = drain_start(node_name=original.node.name)
-        wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "done", timeout=90, what="the drain")
+        wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "done", timeout=90, message="the drain")
         time.sleep(2)
     assert len(traffic.results) > 50, "too little traffic to mean anything"
     assert traffic.failures() == []

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from llmgw_site.simcluster import SimNode, wait_until
+from cli.simcluster import SimNode
+from cli.wait import wait_until
 from nodes.choices import NodeStatus
 from nodes.models import Event, Node
 from replicas.catalog import catalog_apply
@@ -39,19 +40,19 @@ def test_frozen_node_comes_back_and_fences_its_rebuilt_replicas(sim_cluster):
     cluster = sim_cluster(nodes)
     catalog_apply(entries=[{"name": "small", "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 8,
                             "replicas": 2}])
-    wait_until(ready(2), timeout=60, what="two ready replicas")
+    wait_until(ready(2), timeout=60, message="two ready replicas")
     victim = Member.objects.filter(replica__status=ReplicaStatus.READY).select_related("node").order_by("node__name").first()
     old_pid = victim.pid
     assert alive(old_pid)
     cluster.freeze_agent(victim.node.name)  # SIGSTOP: the machine hangs, its engine keeps running
     wait_until(lambda: Node.objects.get(name=victim.node.name).status == NodeStatus.LOST, timeout=GRACE + 15,
-               what="the frozen node declared lost")
-    wait_until(ready(2), timeout=60, what="the replica rebuilt elsewhere")
+               message="the frozen node declared lost")
+    wait_until(ready(2), timeout=60, message="the replica rebuilt elsewhere")
     assert alive(old_pid), "the frozen node's engine still runs: nobody told it otherwise"
     cluster.thaw_agent(victim.node.name)  # SIGCONT: it comes back
-    wait_until(lambda: not alive(old_pid), timeout=15, what="the orphaned engine stopped at once")
+    wait_until(lambda: not alive(old_pid), timeout=15, message="the orphaned engine stopped at once")
     wait_until(lambda: Node.objects.get(name=victim.node.name).status == NodeStatus.READY, timeout=15,
-               what="the node back, empty")
+               message="the node back, empty")
     assert not Member.objects.filter(node=victim.node).exclude(state=MemberState.GONE).exclude(
         replica__status=ReplicaStatus.READY).exists()
     # No GPU is used twice: every live member's GPUs are its own.
@@ -63,18 +64,18 @@ def test_most_nodes_silent_at_once_holds_failovers(sim_cluster):
     cluster = sim_cluster()
     catalog_apply(entries=[{"name": "small", "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 8,
                             "replicas": 4}])
-    wait_until(ready(4), timeout=60, what="four ready replicas")
+    wait_until(ready(4), timeout=60, message="four ready replicas")
     for name in ("node01", "node02", "node03"):
         cluster.freeze_agent(name)
     wait_until(lambda: Event.objects.filter(kind="control_plane", message__contains="went silent at once").exists(),
-               timeout=GRACE + 15, what="the mass-silence warning")
+               timeout=GRACE + 15, message="the mass-silence warning")
     assert not Node.objects.filter(status=NodeStatus.LOST).exists()
     assert Replica.objects.filter(status=ReplicaStatus.READY).count() == 4
     assert not Replica.objects.filter(status=ReplicaStatus.FAILED).exists()
     for name in ("node01", "node02", "node03"):
         cluster.thaw_agent(name)
     wait_until(lambda: Event.objects.filter(kind="control_plane", message__contains="no longer holding").exists(),
-               timeout=15, what="the hold released")
+               timeout=15, message="the hold released")
     assert not Node.objects.filter(status=NodeStatus.LOST).exists()
 
 
@@ -84,7 +85,7 @@ def test_fabric_less_node_never_receives_a_multi_node_member(sim_cluster):
     sim_cluster(nodes)
     catalog_apply(entries=[{"name": "wide", "engine": "sim", "model": "/m", "nodes": 2, "gpus_per_node": 4,
                             "replicas": 3}])
-    wait_until(ready(2), timeout=60, what="two ready 2-node replicas")
+    wait_until(ready(2), timeout=60, message="two ready 2-node replicas")
     assert not Member.objects.filter(node__name__startswith="island").exists()
     stuck = Replica.objects.get(status=ReplicaStatus.PENDING)
     assert "fabric" in stuck.pending_reason
@@ -94,10 +95,10 @@ def test_drain_replacement_ready_before_original_stops(sim_cluster):
     sim_cluster()
     catalog_apply(entries=[{"name": "small", "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 8,
                             "replicas": 2}])
-    wait_until(ready(2), timeout=60, what="two ready replicas")
+    wait_until(ready(2), timeout=60, message="two ready replicas")
     original = Member.objects.filter(replica__status=ReplicaStatus.READY).select_related("node", "replica").first()
     drain = drain_start(node_name=original.node.name)
-    wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "done", timeout=90, what="the drain to finish")
+    wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "done", timeout=90, message="the drain to finish")
     stopping = Event.objects.get(subject=f"replica/{original.replica_id}", data__to="stopping")
     replacement_ready = Event.objects.filter(kind="replica.status", data__to="ready",
                                              created_at__gt=drain.started_at).order_by("created_at").first()

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from llmgw_site.simcluster import wait_until
+from cli.wait import wait_until
 from nodes.choices import NodeStatus
 from nodes.models import Event, Node
 from replicas.catalog import catalog_apply
@@ -48,7 +48,7 @@ def test_seeds_scenario(sim_cluster):
     catalog_apply(entries=[{"name": "llama-70b", "engine": "sim", "model": "/models/llama-70b",
                             "nodes": 2, "gpus_per_node": 4, "replicas": 2}])
     wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == 2, timeout=60,
-               what="two ready replicas")
+               message="two ready replicas")
     replicas = {r.fabric.name: r for r in Replica.objects.filter(status=ReplicaStatus.READY)}
     assert list(placement(replicas["ib-a"])) == ["node01", "node02"]
     assert list(placement(replicas["ib-b"])) == ["node03", "node04"]
@@ -65,18 +65,18 @@ def test_seeds_scenario(sim_cluster):
     node01_engine = replicas["ib-a"].members.get(rank=0).pid
     cluster.kill_node("node02")
     wait_until(lambda: Node.objects.get(name="node02").status == NodeStatus.LOST, timeout=GRACE_TIMEOUT,
-               what="node02 declared lost")
+               message="node02 declared lost")
     failed = Replica.objects.get(pk=replicas["ib-a"].pk)
     wait_until(lambda: Replica.objects.get(pk=failed.pk).status in (ReplicaStatus.FAILED, ReplicaStatus.STOPPED),
-               timeout=10, what="the ib-a replica to fail")
+               timeout=10, message="the ib-a replica to fail")
     # Reaped: node01's engine stops and its GPUs are freed.
     wait_until(lambda: Replica.objects.get(pk=failed.pk).status == ReplicaStatus.STOPPED, timeout=20,
-               what="the failed replica to be reaped")
+               message="the failed replica to be reaped")
     assert not _alive(node01_engine)
     assert not GpuAllocation.objects.filter(node__name="node01").exists()
     # A replacement becomes ready on ib-b, the fabric that can still hold it whole.
     wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == 2, timeout=60,
-               what="a replacement ready")
+               message="a replacement ready")
     replacement = Replica.objects.filter(status=ReplicaStatus.READY).exclude(pk=replicas["ib-b"].pk).get()
     assert replacement.fabric.name == "ib-b"
     assert list(placement(replacement)) == ["node03", "node04"]

@@ -10,7 +10,7 @@ import sys
 import pytest
 from django.utils import timezone
 
-from llmgw_site import simcluster
+from cli.wait import wait_until  # noqa: F401 - the gateway tests import it from here
 from tests.conftest import REPO, free_port, wait_for_port
 from tests.factories import ModelFactory, NodeFactory
 
@@ -97,5 +97,3 @@ def api_key(transactional_db):
     return create
 
 
-def wait_until(predicate, *, timeout: float = 5.0, interval: float = 0.05, message: str = "condition"):
-    return simcluster.wait_until(predicate, timeout=timeout, interval=interval, what=message)

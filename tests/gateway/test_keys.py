@@ -22,7 +22,7 @@ def _ctl(web, token: str, *args: str) -> subprocess.CompletedProcess:
     from tests.conftest import server_env
 
     env = server_env(LLMGW_URL=web.url, LLMGW_TOKEN=token)
-    return subprocess.run([sys.executable, "-m", "llmgw_site.cli", "ctl", "keys", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", "ctl", "keys", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -113,7 +113,7 @@ def test_usage_is_written_when_the_process_stops(make_replica, fake_engine, api_
     """Counts are added every two seconds, and once more on the way out when
     the server sends lifespan events (as 'llmgw up' runs uvicorn)."""
     from gateway.models import ApiKey
-    from llmgw_site.runner import web_argv
+    from cli.commands import web_argv
     from gateway.selectors import gateway_processes
     from tests.conftest import Server, free_port, server_env
 

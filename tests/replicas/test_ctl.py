@@ -31,7 +31,7 @@ def ctl(web_factory, admin_token):
 
     def run(*args, stdin=None):
         env = dict(web.env, LLMGW_URL=web.url, LLMGW_TOKEN=admin_token)
-        return subprocess.run([sys.executable, "-m", "llmgw_site.cli", "ctl", *args], env=env, input=stdin,
+        return subprocess.run([sys.executable, "-m", "cli", "ctl", *args], env=env, input=stdin,
                               capture_output=True, text=True, timeout=60)
 
     return run

@@ -1,17 +1,30 @@
 """``llmgw demo``: llmgw on its embedded default with a simulated cluster of
-four nodes in two fabrics, a sample catalog, and what to try."""
+four nodes in two fabrics, a sample catalog, and what to try.
+
+Imported only once Django is set up (see ``cli/env.py``).
+"""
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 
+import yaml
 from django.conf import settings
 
+from gateway import snippets
+from gateway.models import ApiKey
+from gateway.services import key_create
+from nodes.choices import NodeStatus
+from nodes.models import Node
+from pki.services import bundle_write, cert_issue_client
+from replicas.catalog import catalog_apply
+
+from .env import child_env, llmgw_command
+from .processes import stopped_on_exit
 from .simcluster import SEEDS_NODES, SimCluster, SimNode
+from .up import first_run, process_commands
+from .wait import wait_until
 
 SAMPLE_CATALOG = """\
 models:
@@ -31,59 +44,54 @@ models:
 
 
 def _cluster(*, host: str, agent_port: int) -> SimCluster:
-    env = dict(os.environ, LLMGW_DATA_DIR=str(settings.DATA_DIR), PYTHONUNBUFFERED="1")
     base = Path(settings.DATA_DIR) / "sim"
     base.mkdir(parents=True, exist_ok=True)
-    return SimCluster(base=base, env=env, agent_url=f"https://{host}:{agent_port}")
+    return SimCluster(base=base, env=child_env(settings.DATA_DIR), agent_url=f"https://{host}:{agent_port}")
 
 
 def _issue(name: str, out: Path) -> None:
-    from pki.services import bundle_write, cert_issue_client
-
     if not (out / f"{name}.pem").exists():
         bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
 
 def run_demo(*, host: str, web_port: int, agent_port: int) -> int:
-    import yaml
-
-    from replicas.catalog import catalog_apply
-
-    from .runner import first_run, process_commands
-
     lines = first_run(host=host)
-    for folder in getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).values():
-        if isinstance(folder, str):
-            Path(folder).mkdir(parents=True, exist_ok=True)
     cluster = _cluster(host=host, agent_port=agent_port)
+    with stopped_on_exit(cluster.stop):
+        _start(cluster, host=host, web_port=web_port, agent_port=agent_port)
+        _print_guide(cluster, lines, host=host, web_port=web_port)
+        exited = cluster.processes.wait(interval=0.5)
+        if exited is None:
+            return 0
+        code = cluster.processes.procs[exited].returncode
+        print(f"llmgw demo: {exited} exited with status {code}; see {cluster.processes.log_path(exited)}",
+              file=sys.stderr)
+        return 1
+
+
+def _start(cluster: SimCluster, *, host: str, web_port: int, agent_port: int) -> None:
     for name, argv in process_commands(host=host, web_port=web_port, agent_port=agent_port, agent_workers=1).items():
-        cluster.start_process(name, argv)
+        cluster.processes.start(name, argv)
     for node in SEEDS_NODES:
         cluster.add_node(SimNode(node.name, node.addr, node.gpus, node.fabric, node.hcas), issue_cert=_issue)
         cluster.start_agent(node.name)
     # Place the catalog once every node is in, so that replicas spread across
     # fabrics and nodes as they would on a running cluster.
-    from nodes.choices import NodeStatus
-    from nodes.models import Node
-
-    from .simcluster import wait_until
-
     names = [n.name for n in SEEDS_NODES]
     try:
         wait_until(lambda: Node.objects.filter(name__in=names, status=NodeStatus.READY).count() == len(names),
-                   timeout=90, interval=0.5, what="the four simulated nodes to register")
+                   timeout=90, interval=0.5, message="the four simulated nodes to register")
     except TimeoutError as exc:
         print(f"llmgw demo: {exc}; see the agents' logs under {cluster.base / 'nodes'}", file=sys.stderr)
-    catalog = cluster.base / "catalog.yaml"
-    catalog.write_text(SAMPLE_CATALOG)
+    (cluster.base / "catalog.yaml").write_text(SAMPLE_CATALOG)
     catalog_apply(entries=yaml.safe_load(SAMPLE_CATALOG)["models"], prune=False)
+
+
+def _print_guide(cluster: SimCluster, lines: list[str], *, host: str, web_port: int) -> None:
+    catalog = cluster.base / "catalog.yaml"
     data = settings.DATA_DIR
     web = f"http://{host}:{web_port}"
-    llmgw = sys.argv[0] if sys.argv and sys.argv[0].endswith("llmgw") else "llmgw"
-    from gateway import snippets
-    from gateway.models import ApiKey
-    from gateway.services import key_create
-
+    llmgw = llmgw_command()
     key = "(a key named 'demo' exists from an earlier run: llmgw ctl keys create NAME -q makes another)"
     if not ApiKey.objects.filter(name="demo").exists():
         key = key_create(name="demo").key
@@ -119,25 +127,6 @@ or with the openai package:
 {openai}
 Ctrl-C stops everything.
 """, flush=True)
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    code = 0
-    while not stopping:
-        for name, proc in cluster.procs.items():
-            if proc.poll() is not None:
-                print(f"llmgw demo: {name} exited with status {proc.returncode}; see {cluster.base / (name + '.log')}",
-                      file=sys.stderr)
-                stopping, code = True, 1
-                break
-        time.sleep(0.5)
-    cluster.stop()
-    return code
 
 
 def kill_node(*, name: str, host: str = "127.0.0.1", agent_port: int = 7443) -> int:

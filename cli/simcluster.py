@@ -13,11 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from .processes import ProcessGroup, signal_group, spawn
 
 
 @dataclass
@@ -51,26 +52,10 @@ class SimCluster:
     agent_url: str
     agent_timings: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, SimNode] = field(default_factory=dict)
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    # --- the control plane ------------------------------------------------------
-
-    def start_process(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.base / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        _kill_group(proc.pid, sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+    def __post_init__(self) -> None:
+        # The control plane's processes, each logging to <base>/<name>.log.
+        self.processes = ProcessGroup(env=self.env, log_dir=self.base)
 
     # --- nodes ------------------------------------------------------------------
 
@@ -79,7 +64,7 @@ class SimCluster:
         node.dir = self.base / "nodes" / node.name
         node.dir.mkdir(parents=True, exist_ok=True)
         issue_cert(node.name, node.dir)
-        argv = [sys.executable, "-m", "llmgw_site.cli", "sim", "node-kit", node.name, "--gpus", str(node.gpus),
+        argv = [sys.executable, "-m", "cli", "sim", "node-kit", node.name, "--gpus", str(node.gpus),
                 "--addr", node.addr, "--server", self.agent_url, "--dir", str(node.dir)]
         if node.fabric:
             argv += ["--fabric", f"{node.fabric}:{','.join(node.hcas)}"]
@@ -96,11 +81,8 @@ class SimCluster:
 
     def start_agent(self, name: str) -> subprocess.Popen:
         node = self.nodes[name]
-        log = open(node.dir / "agent.log", "ab")
-        node.proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_site.cli", "agent", "--config", str(node.dir / "agent.yaml")],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        node.proc = spawn([sys.executable, "-m", "cli", "agent", "--config", str(node.dir / "agent.yaml")],
+                          env=self.env, log=node.dir / "agent.log")
         (node.dir / "agent.pid").write_text(str(node.proc.pid))
         return node.proc
 
@@ -124,15 +106,15 @@ class SimCluster:
         node = self.nodes[name]
         killed = []
         if node.proc is not None and node.proc.poll() is None:
-            _kill_group(node.proc.pid, signal.SIGKILL)
+            signal_group(node.proc.pid, signal.SIGKILL)
             node.proc.wait()
             killed.append(node.proc.pid)
         elif node.proc is None and (node.dir / "agent.pid").exists():
             pid = int((node.dir / "agent.pid").read_text())
-            _kill_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             killed.append(pid)
         for pid in self.engine_pids(name):
-            _kill_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             killed.append(pid)
         return killed
 
@@ -151,25 +133,4 @@ class SimCluster:
                 except OSError:
                     pass
             self.kill_node(name)
-        for name in list(self.procs):
-            self.stop_process(name)
-
-
-def _kill_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        self.processes.stop_all()

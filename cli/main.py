@@ -1,28 +1,29 @@
 """The ``llmgw`` command.
 
     llmgw up                  the whole control plane, in the foreground
+    llmgw demo                the same with a simulated four-node cluster
     llmgw ctl ...             operate it (REST API; ``ctl cert`` works on the local PKI)
     llmgw agent --config F    the node agent (standalone: no Django)
     llmgw sim ...             simulated nodes and engines, for hardware-free clusters
 
-Thin: parse, call a service or the REST API, print.
+Thin: parse, call a service or the REST API, print. ``up`` and ``demo`` are
+imported once Django is set up, and the agent without Django (``cli/env.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from pathlib import Path
+
+from agent.cli import main as agent_main
+
+from .ctl import add_ctl_parser, run_ctl
+from .env import demo_data_dir, setup_django
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("agent", "sim"):
-        # The agent side imports nothing from Django or the control plane.
-        from agent.cli import main as agent_main
-
         return agent_main(argv)
 
     parser = argparse.ArgumentParser(prog="llmgw", description="llmgw: control plane for GPU clusters serving LLMs")
@@ -47,38 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     kill.add_argument("--data-dir", default=None)
     demo.set_defaults(func=_cmd_demo)
 
-    from .ctl import add_ctl_parser
-
     add_ctl_parser(sub)
     sub.add_parser("agent", help="run the node agent (llmgw agent --config agent.yaml)")
     sub.add_parser("sim", help="simulated nodes and engines (llmgw sim --help)")
 
     args = parser.parse_args(argv)
-    if args.command == "ctl":
-        from .ctl import run_ctl
-
-        return run_ctl(args.func, args)
-    return args.func(args) or 0
-
-
-def setup_django(data_dir: str | None = None) -> None:
-    if data_dir:
-        os.environ["LLMGW_DATA_DIR"] = str(Path(data_dir).resolve())
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    import django
-
-    django.setup()
-
-
-def ensure_migrated(verbosity: int = 0) -> None:
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=verbosity)
+    try:
+        if args.command == "ctl":
+            return run_ctl(args.func, args)
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        # Ctrl-C before the processes were up: they are stopped already.
+        return 130
 
 
 def _cmd_up(args) -> int:
     setup_django(args.data_dir)
-    from .runner import run_up
+    from .up import run_up
 
     return run_up(
         host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers
@@ -86,19 +72,9 @@ def _cmd_up(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    data_dir = args.data_dir or os.environ.get("LLMGW_DATA_DIR") or "var/demo"
-    setup_django(data_dir)
+    setup_django(args.data_dir or demo_data_dir())
     from . import demo
 
     if args.demo_command == "kill":
         return demo.kill_node(name=args.node, host=args.host, agent_port=args.agent_port)
     return demo.run_demo(host=args.host, web_port=args.web_port, agent_port=args.agent_port)
-
-
-def print_json(value) -> None:
-    json.dump(value, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

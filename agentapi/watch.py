@@ -5,6 +5,10 @@ waits; a thousand agents would need a thousand threads, and a burst of them
 would starve heartbeats. Here a long-poll that has nothing to say yet is
 parked: its socket sits in the selector, no thread holds it, and the request
 is re-run through Django when the node's state changes or its wait runs out.
+
+``nodes.watch`` is imported inside the methods that use it: it imports the
+models, and gunicorn imports this worker class in its master process, before
+any worker has loaded the Django application.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ import time
 from collections import defaultdict
 from functools import partial
 
-from .agent_server import AgentApiWorker
+from django.db import close_old_connections
+
+from nodes import liveness
+
+from .worker import AgentApiWorker
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +148,7 @@ class AgentApiWatchWorker(AgentApiWorker):
         self.method_queue.defer(self._wake, node)
 
     def _pubsub_loop(self) -> None:
-        from nodes import liveness, watch
+        from nodes import watch
 
         while True:
             try:
@@ -154,8 +162,6 @@ class AgentApiWatchWorker(AgentApiWorker):
                 time.sleep(1.0)
 
     def _db_poll_loop(self) -> None:
-        from django.db import close_old_connections
-
         from nodes import watch
 
         while True:

@@ -1,0 +1,13 @@
+"""The agent API's mTLS listener: gunicorn with a worker class of our own.
+
+    command.py   the gunicorn command line that serves the agent API
+    worker.py    the worker: TLS handshakes in the main loop, under a deadline
+    pool.py      the threads that answer requests
+    response.py  an HTTP response written in one send
+    watch.py     the worker that parks desired-state long-polls
+    wsgi.py      the WSGI entry, with urls.py as its URLconf
+
+The worker overrides and reads gunicorn internals, so the pinned gunicorn
+version is part of its correctness: tests/agentapi/test_gunicorn_contract.py
+fails when one of them changes.
+"""

@@ -1,0 +1,106 @@
+"""``llmgw up``: first-run set-up, then every process of the control plane.
+
+Imported only once Django is set up (see ``cli/env.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+
+from agentapi.command import gunicorn_argv
+from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, pki_ensure_agent_listener
+
+from .commands import beat_argv, web_argv, worker_argv
+from .env import child_env, ensure_migrated
+from .processes import ProcessGroup, stopped_on_exit
+
+
+def first_run(*, host: str) -> list[str]:
+    """Migrate, create the authority, the listener's certificate and an admin.
+
+    Returns lines to print (the admin password appears exactly once, ever).
+    """
+    lines = []
+    settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+    ensure_migrated()
+    ips = sorted({"127.0.0.1", host} - {"0.0.0.0", "localhost"})
+    if pki_ensure_agent_listener(hosts=["localhost"], ips=ips):
+        lines.append(f"created the certificate authority and the agent API certificate in {settings.PKI_DIR}")
+    User = get_user_model()
+    if not User.objects.filter(is_superuser=True).exists():
+        password = secrets.token_urlsafe(12)
+        user = User.objects.create_superuser("admin", "", password)
+        lines.append(f"created user 'admin' with password {password}  (shown once; change it in the admin)")
+    else:
+        user = User.objects.filter(is_superuser=True).order_by("id").first()
+    token, _ = Token.objects.get_or_create(user=user)
+    token_file = settings.DATA_DIR / "ctl-token"
+    if not token_file.exists():
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token.key)
+        lines.append(f"wrote the API token for 'llmgw ctl' to {token_file}")
+    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        for folder in settings.CELERY_BROKER_TRANSPORT_OPTIONS.values():
+            if isinstance(folder, str):
+                Path(folder).mkdir(parents=True, exist_ok=True)
+    return lines
+
+
+def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers: int) -> dict[str, list[str]]:
+    pki = Path(settings.PKI_DIR)
+    embedded = settings.CELERY_BROKER_URL.startswith("filesystem://")
+    return {
+        "web": web_argv(host=host, port=web_port),
+        "agent-api": gunicorn_argv(
+            host=host, port=agent_port, certfile=str(pki / SERVER_CERT), keyfile=str(pki / SERVER_KEY),
+            cafile=str(pki / CA_CERT), workers=agent_workers,
+        ),
+        "worker": worker_argv(concurrency=4 if embedded else 8, hostname=f"worker-{os.getpid()}@%h"),
+        "beat": beat_argv(schedule=settings.CELERY_BEAT_SCHEDULE_FILENAME),
+    }
+
+
+def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2) -> int:
+    lines = first_run(host=host)
+    for line in lines:
+        print(line, flush=True)
+    password_shown = any(line.startswith("created user") for line in lines)
+    commands = process_commands(host=host, web_port=web_port, agent_port=agent_port, agent_workers=agent_workers)
+    group = ProcessGroup(env=child_env(settings.DATA_DIR))
+    with stopped_on_exit(group.stop_all):
+        for name, argv in commands.items():
+            group.start(name, argv)
+        db = settings.DATABASES["default"]
+        print(
+            "\nllmgw is up\n"
+            f"  dashboard   http://{host}:{web_port}/   (admin at /admin/, API at /api/v1/, schema at /api/schema/)\n"
+            f"  agent API   https://{host}:{agent_port}/agent/v1/   (mTLS, CA {Path(settings.PKI_DIR) / 'ca.pem'})\n"
+            f"  data        {settings.DATA_DIR}  (database: {db['ENGINE'].rsplit('.', 1)[-1]}, broker: "
+            f"{settings.CELERY_BROKER_URL.split('://')[0]})\n"
+            "  a node      llmgw ctl cert issue-client NODE --out DIR, then llmgw agent --config agent.yaml\n"
+            + ("" if password_shown else _forgot_password_hint())
+            + "Ctrl-C stops everything.\n",
+            flush=True,
+        )
+        exited = group.wait(interval=0.3)
+        if exited is None:
+            return 0
+        code = group.procs[exited].returncode
+        print(f"llmgw: {exited} exited with status {code}; stopping", file=sys.stderr, flush=True)
+        return 1
+
+
+def _forgot_password_hint() -> str:
+    manage = Path(settings.BASE_DIR) / "manage.py"
+    return (
+        "  login       as 'admin', with the password printed on the first run; to set a new one:\n"
+        f"              LLMGW_DATA_DIR={settings.DATA_DIR} {sys.executable} {manage} changepassword admin\n"
+    )
