@@ -62,8 +62,13 @@ def make_venv(venv: Path) -> None:
     run([sys.executable, "-m", "venv", str(venv)])
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
     run(pip + ["-r", str(REPO / "requirements.txt")])
-    # A real (not editable) install: the checkout is not on the path.
-    run(pip + ["--no-deps", str(REPO)])
+    # A real (not editable) install: the checkout is not on the path. Built
+    # from a copy, so that setuptools' build/ and egg-info stay out of the
+    # checkout (a stale build/lib would be installed next time).
+    with tempfile.TemporaryDirectory(prefix="llmgw-prod-check-src-") as src:
+        shutil.copytree(REPO, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".git", ".venv", "var", "build", "*.egg-info", ".engine-venvs", "__pycache__"))
+        run(pip + ["--no-deps", src])
 
 
 def reset_services(database: str, redis_db: int) -> None:
