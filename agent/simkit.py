@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
+from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
 
 GPU_NAME = "NVIDIA H200"
 GPU_MEMORY_MIB = 143771

@@ -446,6 +446,20 @@ def test_reply_carries_desired_state_and_heartbeat_interval(agent_api_factory, c
     assert reply.desired.members == []
 
 
+def test_a_heartbeat_from_a_newer_agent_is_accepted_and_its_unknown_fields_ignored(agent_api, client_cert):
+    data = payload(power_watts=5400, boot_id="b1")
+    data["gpus"][0]["temperature_c"] = 41
+    data["hcas"][0]["numa_node"] = 1
+    data["fabrics"][0]["subnet_manager"] = "opensm"
+    r = post(agent_api, client_cert("node01"), "node01", data)
+    assert r.status_code == 200, r.text
+    assert HeartbeatReply.from_dict(r.json()).status == NodeStatus.READY
+    node = Node.objects.get(name="node01")
+    assert node.gpus.count() == 8 and node.gpus.get(index=0).memory_mib == 143771
+    assert list(node.hcas.order_by("name").values_list("name", "fabric__name")) == [
+        ("mlx5_0", "ib-a"), ("mlx5_1", "ib-a")]
+
+
 def test_inventory_change_updates_the_stored_gpus(agent_api, client_cert):
     creds = client_cert("node01")
     assert post(agent_api, creds, "node01").status_code == 200
