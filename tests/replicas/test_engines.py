@@ -382,7 +382,7 @@ def test_unknown_engine_is_refused():
 
 
 def test_without_a_table_managed_flags_and_their_abbreviations_are_still_refused(monkeypatch, tmp_path):
-    monkeypatch.setenv(flags.TABLES_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(flags, "TABLES_DIR", tmp_path)
     assert ADAPTERS["vllm"].table() is None
     with pytest.raises(EngineArgsError, match="--node-ra: abbreviated vllm flag"):
         check_args("vllm", ["--node-ra", "1"])
