@@ -65,10 +65,9 @@ def test_desired_state_arrives_by_long_poll_and_engine_changes_are_reported_at_o
     wait_until(lambda: plane.polls >= 1, 10, message="agent waiting on the long-poll")
 
     http = free_port()
-    asked = time.monotonic()
     version = plane.set_members("node01", [sim_member("m1", http_port=http, gpus=(0, 1))])
+    # Within 15 s: the next 30 s heartbeat is not what brings it.
     beat = plane.wait_heartbeat("node01", healthy_engine("m1"), 15)
-    assert time.monotonic() - asked < 15, "well before the next 30 s heartbeat"
     state = engine(beat, "m1")
     assert beat["desired_version"] == version
     assert state["state"] == "running" and state["rank"] == 0 and state["replica"] == "r1"
