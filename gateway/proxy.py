@@ -76,7 +76,7 @@ class Attempt:
         if kind:
             metrics.error(self.model, kind)
         if route is not None:
-            metrics.latency.observe((self.model, replica), time.perf_counter() - self.started)
+            metrics.latency(self.model, replica, time.perf_counter() - self.started)
 
 
 async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, strip_usage: bool) -> HttpResponse:
@@ -179,7 +179,7 @@ async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientRespons
         async for chunk in response.content.iter_any():
             if first:
                 first = False
-                gw.metrics.ttft.observe((model, route.label), time.perf_counter() - attempt.started)
+                gw.metrics.ttft(model, route.label, time.perf_counter() - attempt.started)
             if _USAGE_OBJECT.search(chunk):
                 chunk, used = _take_usage(chunk, strip_usage)
                 prompt, completion = used if used != (0, 0) else (prompt, completion)

@@ -167,6 +167,4 @@ async def metrics(request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.warning("metrics: could not read the cluster's figures", exc_info=True)
         cluster = None
-    inflight = {r.replica_id: (r.model, r.inflight) for r in gw.table.routes.values()}
-    text = metrics_module.render(gw.metrics, inflight, cluster).encode()
-    return json_response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
+    return json_response(metrics_module.render(cluster), content_type=metrics_module.CONTENT_TYPE)

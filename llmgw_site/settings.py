@@ -273,3 +273,13 @@ LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=3
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
+# The web processes of one machine add up their /metrics figures through files
+# here (prometheus_client's multiprocess mode). prometheus_client takes the
+# directory from its environment variable when it is imported, hence the
+# assignment: settings load before any app module.
+LLMGW_METRICS_DIR = Path(env.str("LLMGW_METRICS_DIR", default=str(DATA_DIR / "metrics"))).resolve()
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(LLMGW_METRICS_DIR)
+
+# The web process serves the admin's static files itself (there is no front
+# proxy on the embedded default); production sets 0 and lets nginx serve them.
+LLMGW_SERVE_STATIC = env.bool("LLMGW_SERVE_STATIC", default=True)

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from agent.protocol import ENGINE_STATES
+from agent.protocol import ENGINE_STATES, FABRIC_NAME_RE, HCA_NAME_RE, PROTOCOL_VERSION
 
 
 class GpuSerializer(serializers.Serializer):
@@ -15,7 +15,7 @@ class GpuSerializer(serializers.Serializer):
 
 
 class HcaSerializer(serializers.Serializer):
-    name = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,64}$")
+    name = serializers.RegexField(HCA_NAME_RE.pattern)
     fabric = serializers.CharField(max_length=64, allow_null=True, required=False, default=None)
     port = serializers.IntegerField(min_value=1, max_value=255, default=1)
     state = serializers.CharField(max_length=32, allow_blank=True, default="")
@@ -27,7 +27,7 @@ class HcaSerializer(serializers.Serializer):
 
 
 class FabricMembershipSerializer(serializers.Serializer):
-    name = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,64}$")
+    name = serializers.RegexField(FABRIC_NAME_RE.pattern)
     hcas = serializers.ListField(child=serializers.CharField(max_length=64), allow_empty=True)
 
 
@@ -43,7 +43,7 @@ class EngineStateSerializer(serializers.Serializer):
 
 
 class HeartbeatSerializer(serializers.Serializer):
-    protocol = serializers.IntegerField(default=1)
+    protocol = serializers.IntegerField(default=PROTOCOL_VERSION)
     agent_version = serializers.CharField(max_length=64)
     mgmt_addr = serializers.CharField(max_length=255, allow_blank=True)
     mgmt_interface = serializers.CharField(max_length=64, allow_blank=True)

@@ -97,3 +97,13 @@ def api_key(transactional_db):
     return create
 
 
+def metric_samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """/metrics read with prometheus_client's own parser: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
