@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from .choices import EventSeverity
@@ -110,15 +110,25 @@ class StateMachine:
             reason = reasons[row.pk]
             previous_of[row.pk], fields = self._set(row, to, reason, now)
             events.append(Event(**self._event(row, previous_of[row.pk], to, reason, EventSeverity.INFO)))
-        fields = [*fields, *also]
         model = type(rows[0])
-        # Fields with one value for the whole batch in one UPDATE; the others per row.
-        same = {f: getattr(rows[0], f) for f in fields if all(getattr(r, f) == getattr(rows[0], f) for r in rows)}
-        if same:
-            model.objects.filter(pk__in=[r.pk for r in rows]).update(**same)
-        varying = [f for f in fields if f not in same]
-        if varying:
-            model.objects.bulk_update(rows, varying, batch_size=500)
+        # One plain UPDATE per group of rows that share their new values (a
+        # batch of placements: one per fabric), the reasons in one more.
+        shared = [f for f in [*fields, *also] if f != self.reason_field]
+        groups: dict[tuple, list[int]] = {}
+        for row in rows:
+            groups.setdefault(tuple(getattr(row, f) for f in shared), []).append(row.pk)
+        for values, pks in groups.items():
+            model.objects.filter(pk__in=pks).update(**dict(zip(shared, values)))
+        if self.reason_field is not None:
+            # One statement prepared once and run per row (psycopg pipelines
+            # it): bulk_update's CASE over a batch costs more to build than this.
+            meta, q = model._meta, connection.ops.quote_name
+            column = meta.get_field(self.reason_field).column
+            with connection.cursor() as cursor:
+                cursor.executemany(
+                    f"UPDATE {q(meta.db_table)} SET {q(column)} = %s WHERE {q(meta.pk.column)} = %s",
+                    [(getattr(row, self.reason_field), row.pk) for row in rows],
+                )
         events_record(events)
         for row in rows:
             self.changed(row, previous_of[row.pk], to)
