@@ -18,6 +18,7 @@ import time
 from typing import Any, AsyncIterator
 
 import aiohttp
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from .choices import ErrorKind
@@ -226,8 +227,6 @@ def _timeout(model: str, route: Route) -> HttpResponse:
 
 
 def _no_replica(attempt: Attempt) -> HttpResponse:
-    from django.conf import settings
-
     attempt.done(None, 503, ErrorKind.NO_READY_REPLICA)
     return openai_error(
         503, f"model {attempt.model} has no ready replica right now; try again shortly",

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from . import metrics as metrics_module
@@ -125,8 +126,6 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
                        param="model")
     if model not in gw.table.by_model:
         if model in gw.table.catalog:
-            from django.conf import settings
-
             return _refuse(gw, endpoint, model, 503, f"Model `{model}` has no ready replica right now; try again shortly.",
                            ErrorKind.NO_READY_REPLICA, headers={"Retry-After": str(settings.LLMGW_GATEWAY_RETRY_AFTER)})
         # An unknown name is not a metrics label: clients could make up any number of them.

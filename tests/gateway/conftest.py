@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from cli.wait import wait_until  # noqa: F401 - the gateway tests import it from here
 from tests.conftest import REPO, free_port, wait_for_port
-from tests.factories import ModelFactory, NodeFactory
+from tests.factories import CatalogEntryFactory, NodeFactory
 
 from .upstream import FakeEngine
 
@@ -28,7 +28,7 @@ def make_replica(gw_node):
     from replicas.models import Member, Replica
 
     def make(model: str, port: int, status: str = "ready"):
-        catalog_entry = ModelFactory(name=model)
+        catalog_entry = CatalogEntryFactory(name=model)
         replica = Replica.objects.create(model=catalog_entry, status=status, status_changed_at=timezone.now())
         Member.objects.create(replica=replica, node=gw_node, rank=0, ports={"http": port, "rendezvous": free_port()},
                               serves_http=True, state="running", healthy=True)
