@@ -183,7 +183,8 @@ def job_retry(*, job_id: int) -> Job:
     with transaction.atomic():
         job = job_transition(job_id=job_id, to=JobStatus.QUEUED, reason="retried by an operator")
         for step in job.steps.select_for_update().filter(status__in=[StepStatus.FAILED, StepStatus.RUNNING]):
-            step_transition(step=step, to=StepStatus.PENDING, lines=[log_line("retried")])
+            # The failed step starts afresh: it looks at the world again.
+            step_transition(step=step, to=StepStatus.PENDING, lines=[log_line("retried")], data={})
         queue.job_enqueue(job_id=job_id)
     return job
 
