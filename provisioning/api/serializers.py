@@ -13,7 +13,7 @@ def _check(fn, data):
 
 
 class HypervisorSerializer(serializers.ModelSerializer):
-    token_secret = serializers.CharField(write_only=True, required=False, style={"input_type": "password"},
+    token_secret = serializers.CharField(write_only=True, required=False, allow_blank=True, style={"input_type": "password"},
                                          help_text="the API token's secret; stored encrypted, never shown")
     ca_pem = serializers.CharField(write_only=True, required=False, allow_blank=True,
                                    help_text="PEM of the CA that signed the API's certificate")

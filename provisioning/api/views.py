@@ -16,7 +16,7 @@ def _service(fn, **kwargs):
     try:
         return fn(**kwargs)
     except RequestInvalid as exc:
-        raise ValidationError(exc.errors) from None
+        raise ValidationError({field: [message] for field, message in exc.errors.items()}) from None
 
 
 class HypervisorViewSet(viewsets.ModelViewSet):
