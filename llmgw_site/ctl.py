@@ -98,6 +98,10 @@ def add_ctl_parser(sub) -> None:
     key_list = keys_sub.add_parser("list", help="keys, their models and usage")
     _output_flag(key_list)
     key_list.set_defaults(func=_keys_list)
+    # Provisioning's commands live in their own module.
+    from .ctl_provisioning import register
+
+    register(ctl_sub)
 
 
 def _output_flag(parser) -> None:

@@ -39,8 +39,11 @@ class HypervisorViewSet(viewsets.ModelViewSet):
         data.pop("name", None)
         serializer.instance = _service(services.hypervisor_update, name=self.kwargs["name"], **data)
 
-    def perform_destroy(self, instance):
-        services.hypervisor_delete(name=instance.name)
+    @extend_schema(responses={200: None})
+    def destroy(self, request, name=None):
+        # An answer with a body: 'llmgw ctl' reads JSON.
+        services.hypervisor_delete(name=name)
+        return Response({"name": name, "removed": True})
 
     @extend_schema(request=None, responses=CheckSerializer,
                    parameters=[OpenApiParameter("vmid", int, description="check the VM paths of this VMID")])
