@@ -1,5 +1,6 @@
 # The two commands of a fresh machine:
-#   make up     llmgw on its embedded default (SQLite, file broker) under ./var
+#   make demo   llmgw on its embedded default (SQLite, file broker) under ./var/demo,
+#               with a simulated cluster (`make up`: the control plane alone, under ./var)
 #   make test   the test suite, against PostgreSQL and Redis on 127.0.0.1
 # Each creates the virtual environment it needs in .venv.
 PYTHON ?= python3
@@ -14,8 +15,9 @@ DEV_STAMP := $(VENV)/.installed-dev
 # What the targets in mk/*.mk depend on: everything installed.
 STAMP := $(DEV_STAMP)
 
-# What `make test` runs, and what the README tells you to run by hand. The
-# suite creates and drops test_<database> and empties that Redis database.
+# What `make test` runs, and what README.md and docs/development.md show
+# (tests/test_docs.py checks that they agree). The suite creates and drops
+# test_<database> and empties that Redis database.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/llmgw
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
@@ -24,7 +26,7 @@ TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
 TEST_CMD := $(TEST_ENV) $(PY) -m pytest
 
-.PHONY: up demo test venv venv-dev test-deps services bench-heartbeats clean
+.PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats clean
 # A bare `make` only prepares .venv (the files in mk/ define targets first).
 .DEFAULT_GOAL := venv
 
@@ -65,6 +67,12 @@ services:
 # `make test PYTEST_ARGS="-k outage -x"` narrows the run.
 test: $(DEV_STAMP) test-deps services
 	$(TEST_CMD) $(PYTEST_ARGS)
+
+# The production process set (web, agent API, worker, beat) from a venv made
+# of requirements.txt alone, on PostgreSQL and Redis: a node registers and a
+# replica becomes ready. CI runs it after the tests.
+prod-check: services
+	$(PYTHON) scripts/prod_check.py
 
 # `make bench-heartbeats BENCH_HEARTBEATS_ARGS="--nodes 5000"`
 bench-heartbeats: $(DEV_STAMP) services

@@ -10,11 +10,11 @@ django_application = get_asgi_application()
 def _with_static(app):
     from django.conf import settings
 
-    if not settings.DEBUG and os.environ.get("LLMGW_SERVE_STATIC", "1") != "1":
+    if not settings.DEBUG and not settings.LLMGW_SERVE_STATIC:
         return app
-    # The embedded default has no front proxy: serve the admin's static files
-    # from the installed apps, as runserver does. Production puts nginx in front
-    # and sets LLMGW_SERVE_STATIC=0.
+    # The embedded default has no front proxy: serve the static files (the
+    # admin's, Swagger UI's) from the installed apps, as runserver does.
+    # Production may put nginx in front and set LLMGW_SERVE_STATIC=0.
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
     return ASGIStaticFilesHandler(app)

@@ -7,7 +7,9 @@ Redis for production; liveness then moves to Redis (``LLMGW_REDIS_URL``,
 which defaults to a ``redis://`` broker URL).
 """
 
+import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 
@@ -33,22 +35,37 @@ def _secret_key() -> str:
     if key_file.exists():
         return key_file.read_text().strip()
     # Embedded default: make one and keep it, so sessions survive restarts.
+    # Created 0600, never readable by others even for a moment.
     from django.utils.crypto import get_random_string
 
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     key = get_random_string(64)
     try:
-        with open(key_file, "x") as handle:
-            handle.write(key)
-        key_file.chmod(0o600)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        key = key_file.read_text().strip()
+        return key_file.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
     return key
 
 
 SECRET_KEY = _secret_key()
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+
+# Where operators reach the web process (``https://llmgw.example.org``), as a
+# TLS reverse proxy in front of it serves it. Over https, cookies are sent only
+# over TLS and browsers are told to use nothing else (HSTS).
+LLMGW_PUBLIC_URL = env.str("LLMGW_PUBLIC_URL", default="").rstrip("/")
+_public = urlsplit(LLMGW_PUBLIC_URL)
+if LLMGW_PUBLIC_URL and (_public.scheme not in ("http", "https") or not _public.hostname):
+    raise ValueError(f"LLMGW_PUBLIC_URL={LLMGW_PUBLIC_URL!r}: give the full address, e.g. https://llmgw.example.org")
+if _public.scheme == "https":
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("LLMGW_HSTS_SECONDS", default=31536000)
+    CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
+    # The proxy terminates TLS and says so; only it can reach the web process.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -60,6 +77,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "pki",
     "nodes",
     "replicas",
@@ -74,6 +92,7 @@ else:
     ROOT_URLCONF = "llmgw_site.urls"
     MIDDLEWARE = [
         "django.middleware.security.SecurityMiddleware",
+        "llmgw_site.middleware.RejectNulMiddleware",
         "django.contrib.sessions.middleware.SessionMiddleware",
         "django.middleware.common.CommonMiddleware",
         "django.middleware.csrf.CsrfViewMiddleware",
@@ -129,6 +148,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+# The web process serves the static files itself unless a proxy in front does.
+LLMGW_SERVE_STATIC = env.bool("LLMGW_SERVE_STATIC", default=True)
 LOGIN_URL = "/admin/login/"
 
 # --- Celery -----------------------------------------------------------------
@@ -140,6 +161,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        # kombu's default is "control" relative to the working directory.
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 else:
@@ -188,10 +211,15 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "llmgw_site.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_PARSER_CLASSES": [
+        "llmgw_site.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": None,
     "EXCEPTION_HANDLER": "llmgw_site.api.exception_handler",
@@ -202,6 +230,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Nodes, fabrics, certificates and events of an llmgw cluster.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from the web process itself: clusters often have no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {

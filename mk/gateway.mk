@@ -1,6 +1,6 @@
 # make bench-gateway: the same load against a sim engine directly, nginx,
 # the llmgw gateway and the LiteLLM proxy (its own venv, made here), and
-# the figures of docs/gateway.md. Loopback only; a few minutes.
+# the figures of docs/benchmarks.md. Loopback only; a few minutes.
 #   make bench-gateway BENCH_GATEWAY_ARGS="--runs 3"
 BENCH_VENVS := var/bench-venvs
 LITELLM_VERSION := 1.108.7

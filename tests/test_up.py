@@ -232,6 +232,12 @@ def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
         assert time.monotonic() < deadline, f"no sweep ran in 30s:\n{first.output()}"
         time.sleep(0.5)
 
+    # Everything the embedded default writes stays under the data dir (the
+    # file broker's control folder once landed in the working directory).
+    strays = {p.name for p in data_dir.parent.iterdir()} - {data_dir.name, "node01"} - {
+        p.name for p in data_dir.parent.glob("up-*.log")}
+    assert not strays, f"written outside the data dir: {sorted(strays)}"
+
     status, left = first.interrupt()
     assert status == 0, first.output()
     assert not left, f"still running after Ctrl-C: {sorted(left)}"
