@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from .durations import BadDuration, format_duration, parse_duration
 from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
 
 GPU_NAME = "NVIDIA H200"
@@ -188,6 +189,12 @@ def node_kit(
     if not 0 <= gpus <= 64:
         raise KitError(f"--gpus {gpus}: between 0 and 64")
     fabrics = parse_fabrics(fabric_specs or [])
+    try:
+        # "1" on a command line means a second, as a bare number in agent.yaml does.
+        heartbeat_interval = format_duration(parse_duration(
+            float(heartbeat_interval) if heartbeat_interval.replace(".", "", 1).isdigit() else heartbeat_interval))
+    except BadDuration as exc:
+        raise KitError(f"--heartbeat-interval: {exc}") from None
     directory = directory.resolve()
     certs = (certs or directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)

@@ -69,3 +69,15 @@ def test_node_kit_paths_that_look_like_yaml_stay_paths(tmp_path):
     assert config["supervisor"]["work_dir"] == str(directory / "work")
     assert config["tls"]["key"] == str(directory / "node04-key.pem")
     assert config["fabrics"] == [{"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}]
+
+
+def test_node_kit_heartbeat_interval_a_bare_number_or_a_duration(tmp_path):
+    for given, written in (("1", "1s"), ("0.5", "500ms"), ("2s", "2s"), ("1m30s", "90s")):
+        done = llmgw("sim", "node-kit", "node11", "--heartbeat-interval", given, "--dir", str(tmp_path / given))
+        assert done.returncode == 0, (given, done.stderr)
+        config = tmp_path / given / "agent.yaml"
+        assert yaml.safe_load(config.read_text())["heartbeat_interval"] == written
+        check = llmgw("agent", "--config", str(config), "--check")
+        assert "heartbeat_interval" not in check.stderr, check.stderr
+    bad = llmgw("sim", "node-kit", "node11", "--heartbeat-interval", "soon", "--dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "--heartbeat-interval" in bad.stderr and "not a duration" in bad.stderr
