@@ -55,20 +55,21 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=True, text=True, capture_output=True, **kwargs)
 
 
-def make_venv(venv: Path) -> None:
-    if venv.exists():
-        shutil.rmtree(venv)
-    log(f"runtime-only virtual environment in {venv}")
-    run([sys.executable, "-m", "venv", str(venv)])
+def make_venv(venv: Path, *, reuse: bool) -> None:
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
-    run(pip + ["-r", str(REPO / "requirements.txt")])
+    if not (reuse and (venv / "bin" / "python").exists()):
+        if venv.exists():
+            shutil.rmtree(venv)
+        log(f"runtime-only virtual environment in {venv}")
+        run([sys.executable, "-m", "venv", str(venv)])
+        run(pip + ["-r", str(REPO / "requirements.txt")])
     # A real (not editable) install: the checkout is not on the path. Built
     # from a copy, so that setuptools' build/ and egg-info stay out of the
     # checkout (a stale build/lib would be installed next time).
     with tempfile.TemporaryDirectory(prefix="llmgw-prod-check-src-") as src:
         shutil.copytree(REPO, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
             ".git", ".venv", "var", "build", "*.egg-info", ".engine-venvs", "__pycache__"))
-        run(pip + ["--no-deps", src])
+        run(pip + ["--no-deps", "--force-reinstall", src])
 
 
 def reset_services(database: str, redis_db: int) -> None:
@@ -122,13 +123,12 @@ def main() -> int:
     parser.add_argument("--work", default=str(REPO / "var" / "prod-check"))
     parser.add_argument("--database", default="llmgw_prodcheck")
     parser.add_argument("--redis-db", type=int, default=13)
-    parser.add_argument("--reuse-venv", action="store_true", help="keep an existing venv (quicker reruns)")
+    parser.add_argument("--reuse-venv", action="store_true", help="keep an existing venv's packages, reinstall only the project (quicker reruns)")
     args = parser.parse_args()
 
     work = Path(args.work).resolve()
     venv = work / "venv"
-    if not (args.reuse_venv and (venv / "bin" / "llmgw").exists()):
-        make_venv(venv)
+    make_venv(venv, reuse=args.reuse_venv)
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
