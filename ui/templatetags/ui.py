@@ -25,3 +25,9 @@ def since(when: dt.datetime | None) -> str:
 @register.filter
 def percent(part: int, whole: int) -> int:
     return 0 if not whole else round(100 * part / whole)
+
+
+@register.filter
+def lines(items) -> str:
+    """Log lines, one a line (a template tag cannot span lines)."""
+    return "\n".join(str(item) for item in items or ())
