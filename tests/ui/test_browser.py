@@ -153,9 +153,10 @@ def test_a_viewer_sees_no_action(seeded, viewer, web_factory, browser_page):
     for path in ("/nodes/node01/", "/replicas/", "/gateway/", "/provisioning/"):
         page.goto(f"{web.url}{path}")
         expect(page.locator("main button")).to_have_count(0)
-    response = page.request.post(f"{web.url}/nodes/node01/cordon/",
-                                 headers={"X-CSRFToken": page.context.cookies()[0]["value"]})
-    assert response.status == 403
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    response = page.request.post(f"{web.url}/nodes/node01/cordon/", headers={"X-CSRFToken": csrf,
+                                                                             "Referer": f"{web.url}/nodes/node01/"})
+    assert response.status == 403 and "you may not do this" in response.text()
 
 
 def test_a_node_going_lost_shows_without_a_reload(seeded, superuser, web_factory, browser_page):
