@@ -13,7 +13,7 @@ from replicas.choices import ReplicaStatus
 from replicas.models import Member, Replica
 from tests.e2e.sim import GRACE, fast_env
 from tests.ui.browser import CHROMIUM_ARGS, chromium, login, screenshot
-from tests.ui.conftest import PASSWORD
+from tests.ui.conftest import PASSWORD, superuser  # noqa: F401 - the fixture, for this directory too
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

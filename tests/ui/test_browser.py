@@ -29,6 +29,11 @@ def browser_page(monkeypatch):
             yield page
         finally:
             browser.close()
+            # The connection the test opened while Playwright's loop ran is
+            # one of its own: closed here, not left to hold the test database.
+            from django.db import connections
+
+            connections.close_all()
 
 
 @pytest.fixture
