@@ -7,7 +7,9 @@ axe-core comes vendored inside axe-playwright-python: nothing is fetched.
 
 from __future__ import annotations
 
+import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,32 @@ def screenshot(page, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@contextmanager
+def browser_page(width: int = 1440, height: int = 900):
+    """A page in headless Chromium. The test may use the database between
+    browser steps: Playwright's sync API runs an event loop in this thread,
+    so Django is told that is safe here, and the connection the test opens
+    meanwhile (one of its own) is closed at the end rather than left holding
+    the test database."""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": width, "height": height})
+                page.set_default_timeout(20_000)
+                yield page
+            finally:
+                browser.close()
+                connections.close_all()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous

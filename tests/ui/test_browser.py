@@ -8,32 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ui.browser import CHROMIUM_ARGS, accessibility_problems, chromium, login, screenshot
+from tests.ui.browser import accessibility_problems, browser_page, login, screenshot
 from tests.ui.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def browser_page(monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread; the test still
-    # reads and writes the database between browser steps (its own thread).
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.set_default_timeout(20_000)
-            yield page
-        finally:
-            browser.close()
-            # The connection the test opened while Playwright's loop ran is
-            # one of its own: closed here, not left to hold the test database.
-            from django.db import connections
-
-            connections.close_all()
+def page():
+    with browser_page() as opened:
+        yield opened
 
 
 @pytest.fixture
@@ -74,13 +58,12 @@ PAGES = [
 ]
 
 
-def test_every_page_renders_passes_axe_and_is_saved(seeded, superuser, web_factory, browser_page):
+def test_every_page_renders_passes_axe_and_is_saved(seeded, superuser, web_factory, page):
     from playwright.sync_api import expect
 
     from replicas.models import Replica
 
     web = web_factory()
-    page = browser_page
     login(page, web.url, "root", PASSWORD)
     wide = Replica.objects.get(model__name="llama-70b").pk
     problems = {}
@@ -102,7 +85,7 @@ def test_every_page_renders_passes_axe_and_is_saved(seeded, superuser, web_facto
     screenshot(page, "node-dark")
 
 
-def test_actions_in_the_browser(seeded, superuser, web_factory, browser_page):
+def test_actions_in_the_browser(seeded, superuser, web_factory, page):
     from playwright.sync_api import expect
 
     from gateway.models import ApiKey
@@ -110,7 +93,6 @@ def test_actions_in_the_browser(seeded, superuser, web_factory, browser_page):
     from replicas.models import CatalogEntry
 
     web = web_factory()
-    page = browser_page
     login(page, web.url, "root", PASSWORD, "/nodes/node02/")
     page.get_by_role("button", name="Cordon").click()
     expect(page.locator(".messages")).to_contain_text("node02 is cordoned")
@@ -148,11 +130,10 @@ def test_actions_in_the_browser(seeded, superuser, web_factory, browser_page):
     assert CatalogEntry.objects.filter(name="fresh").exists()
 
 
-def test_a_viewer_sees_no_action(seeded, viewer, web_factory, browser_page):
+def test_a_viewer_sees_no_action(seeded, viewer, web_factory, page):
     from playwright.sync_api import expect
 
     web = web_factory()
-    page = browser_page
     login(page, web.url, "watcher", PASSWORD, "/nodes/node01/")
     expect(page.locator("h1")).to_contain_text("node01")
     for path in ("/nodes/node01/", "/replicas/", "/gateway/", "/provisioning/"):
@@ -164,13 +145,12 @@ def test_a_viewer_sees_no_action(seeded, viewer, web_factory, browser_page):
     assert response.status == 403 and "you may not do this" in response.text()
 
 
-def test_a_node_going_lost_shows_without_a_reload(seeded, superuser, web_factory, browser_page):
+def test_a_node_going_lost_shows_without_a_reload(seeded, superuser, web_factory, page):
     from playwright.sync_api import expect
 
     from nodes.services import node_transition
 
     web = web_factory()
-    page = browser_page
     login(page, web.url, "root", PASSWORD)
     card = page.locator("article[data-node=node03]")
     expect(card).to_have_class("node ready")
