@@ -22,10 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from nodes.choices import EventKind, EventSeverity
-from nodes.events import event_record
-from nodes.models import Node
-
+from . import hooks
 from .choices import CertificateKind
 from .models import Certificate
 from .names import validate_node_id
@@ -296,7 +293,7 @@ def _serial_key(target: str) -> str:
 
 def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certificate]:
     """Revoke by serial (hex) or by node id (every live client certificate of it).
-    Each revocation is an Event naming ``actor`` (who asked)."""
+    ``actor`` (who asked) is passed to the revocation hooks (nodes records an Event)."""
     now = timezone.now()
     serial = _serial_key(target)
     with transaction.atomic():
@@ -323,11 +320,6 @@ def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certi
             row.revocation_reason = reason
             row.save(update_fields=["revoked_at", "revocation_reason"])
             logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
-            event_record(
-                kind=EventKind.CONTROL_PLANE, subject=f"certificate/{row.serial}", severity=EventSeverity.WARNING,
-                node=Node.objects.filter(name=row.common_name).first() if row.kind == CertificateKind.CLIENT else None,
-                message=f"{row.kind} certificate {row.serial} of {row.common_name} revoked by {actor or 'an operator'}"
-                        + (f": {reason}" if reason else ""),
-                data={"actor": actor} if actor else None,
-            )
+            for handler in hooks.cert_revoked_handlers:
+                handler(certificate=row, actor=actor, reason=reason)
     return rows

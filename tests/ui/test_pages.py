@@ -19,6 +19,11 @@ def test_every_page_needs_a_login(client, small_cluster, url):
     assert response.status_code == 302 and response["Location"].startswith("/login/?next="), url
 
 
+def test_a_partial_polled_after_logout_sends_the_page_to_the_login(client, small_cluster):
+    response = client.get("/cluster/grid/", HTTP_HX_REQUEST="true", HTTP_HX_CURRENT_URL="http://testserver/?state=lost")
+    assert response["HX-Redirect"] == "/login/?next=/%3Fstate%3Dlost"
+
+
 @pytest.mark.parametrize("url", PAGES)
 def test_a_user_without_view_permissions_is_refused(client, small_cluster, url):
     from django.contrib.auth import get_user_model

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from functools import wraps
 
+from urllib.parse import quote
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from nodes.exceptions import InvalidTransition, NotFound
 
@@ -19,9 +24,14 @@ def viewer(*perms: str):
     """A page: logged in (else the login page) and allowed to read (else 403)."""
 
     def wrap(view):
-        @login_required
         @wraps(view)
         def inner(request, *args, **kwargs):
+            if not request.user.is_authenticated and request.htmx:
+                # A partial polled after the session ended: the whole page
+                # goes to the login, not the login form into a partial.
+                return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?next={quote(request.htmx.current_url_abs_path or '/')}")
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
             if not request.user.has_perms(perms):
                 raise PermissionDenied("you may not see this page")
             return view(request, *args, **kwargs)
