@@ -104,7 +104,9 @@ def _print_guide(cluster: SimCluster, lines: list[str], *, host: str, web_port: 
 llmgw demo is up: four simulated nodes, node01+node02 on ib-a and node03+node04 on ib-b, 8 GPUs each,
 each a real agent on its own loopback address with its own certificate.
 
-  dashboard   {web}/            (admin at {web}/admin/)
+  web UI      {web}/            (log in as 'admin', password above; docs/ui.md)
+              cluster {web}/  replicas {web}/replicas/  events {web}/events/
+              gateway {web}/gateway/  provisioning {web}/provisioning/  admin {web}/admin/
   catalog     {catalog}
 
 Watch it (in another shell):

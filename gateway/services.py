@@ -14,6 +14,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from nodes.choices import EventKind
+from nodes.events import event_record
 from nodes.exceptions import NotFound
 from replicas.models import CatalogEntry
 
@@ -40,8 +42,9 @@ class CreatedKey:
     key: str  # the only time the key itself exists outside its holder's hands
 
 
-def key_create(*, name: str, models: list[str] | None = None) -> CreatedKey:
-    """A new key, optionally restricted to some catalog models."""
+def key_create(*, name: str, models: list[str] | None = None, actor: str = "") -> CreatedKey:
+    """A new key, optionally restricted to some catalog models. ``actor`` (who
+    asked) goes into the Event."""
     KEY_NAME(name)
     allowed = sorted({m.strip() for m in models or [] if m.strip()})
     if allowed:
@@ -59,6 +62,9 @@ def key_create(*, name: str, models: list[str] | None = None) -> CreatedKey:
                 row = ApiKey.objects.create(
                     name=name, prefix=key[: len(KEY_PREFIX) + _SHOWN], secret_hash=key_hash(key), allowed_models=allowed
                 )
+                event_record(kind=EventKind.CONTROL_PLANE, subject=f"apikey/{name}",
+                             message=f"API key {name} ({row.prefix}...) created by {actor or 'an operator'}",
+                             data={"actor": actor} if actor else None)
         except IntegrityError:
             if ApiKey.objects.filter(name=name).exists():
                 raise ValidationError(f"a key named {name!r} exists already") from None
@@ -68,7 +74,7 @@ def key_create(*, name: str, models: list[str] | None = None) -> CreatedKey:
     raise RuntimeError("could not draw an unused key prefix")
 
 
-def key_revoke(*, name: str) -> ApiKey:
+def key_revoke(*, name: str, actor: str = "") -> ApiKey:
     """Revoke a key; every gateway refuses it within a second. Idempotent."""
     with transaction.atomic():
         row = ApiKey.objects.select_for_update().filter(name=name).first()
@@ -77,6 +83,9 @@ def key_revoke(*, name: str) -> ApiKey:
         if row.revoked_at is None:
             row.revoked_at = timezone.now()
             row.save(update_fields=["revoked_at", "updated_at"])
+            event_record(kind=EventKind.CONTROL_PLANE, subject=f"apikey/{name}",
+                         message=f"API key {name} revoked by {actor or 'an operator'}",
+                         data={"actor": actor} if actor else None)
             logger.info("api key revoked name=%s prefix=%s", name, row.prefix)
     return row
 

@@ -83,6 +83,8 @@ INSTALLED_APPS = [
     "replicas",
     "gateway",
     "provisioning",
+    "django_htmx",
+    "ui",
 ]
 
 if ROLE == "agent-api":
@@ -99,6 +101,7 @@ else:
         "django.contrib.auth.middleware.AuthenticationMiddleware",
         "django.contrib.messages.middleware.MessageMiddleware",
         "django.middleware.clickjacking.XFrameOptionsMiddleware",
+        "django_htmx.middleware.HtmxMiddleware",
     ]
 
 TEMPLATES = [
@@ -150,7 +153,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 # The web process serves the static files itself unless a proxy in front does.
 LLMGW_SERVE_STATIC = env.bool("LLMGW_SERVE_STATIC", default=True)
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # --- Celery -----------------------------------------------------------------
 

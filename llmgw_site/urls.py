@@ -3,8 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
-    path("", include("nodes.urls")),
-    path("", include("replicas.urls")),
+    path("", include("ui.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("nodes.api.urls")),
     path("api/v1/", include("pki.api.urls")),

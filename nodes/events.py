@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .choices import EventSeverity
+from .choices import EventKind, EventSeverity
 from .models import Event, Node
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,17 @@ def event_record(
     _log(kind, subject, message, severity)
     return Event.objects.create(
         kind=kind, subject=subject, message=message, node=node, severity=severity, data=data or {}
+    )
+
+
+def cert_revoked_record(*, certificate, actor: str = "", reason: str = "") -> Event:
+    """A revoked certificate as an Event (registered on pki's revocation hook)."""
+    node = Node.objects.filter(name=certificate.common_name).first() if certificate.kind == "client" else None
+    return event_record(
+        kind=EventKind.CONTROL_PLANE, subject=f"certificate/{certificate.serial}", severity=EventSeverity.WARNING,
+        node=node, data={"actor": actor} if actor else None,
+        message=f"{certificate.kind} certificate {certificate.serial} of {certificate.common_name} revoked by "
+                f"{actor or 'an operator'}" + (f": {reason}" if reason else ""),
     )
 
 

@@ -69,9 +69,10 @@ def node_transition(
     )
 
 
-def node_cordon(*, node_name: str) -> Node:
-    return node_transition(node_name=node_name, to=NodeStatus.CORDONED, reason="cordoned by an operator")
+def node_cordon(*, node_name: str, actor: str = "") -> Node:
+    """``actor`` names who asked (the web UI passes 'user NAME'); the Event says it."""
+    return node_transition(node_name=node_name, to=NodeStatus.CORDONED, reason=f"cordoned by {actor or 'an operator'}")
 
 
-def node_uncordon(*, node_name: str) -> Node:
-    return node_transition(node_name=node_name, to=NodeStatus.READY, reason="uncordoned by an operator")
+def node_uncordon(*, node_name: str, actor: str = "") -> Node:
+    return node_transition(node_name=node_name, to=NodeStatus.READY, reason=f"uncordoned by {actor or 'an operator'}")

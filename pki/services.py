@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from . import hooks
 from .choices import CertificateKind
 from .models import Certificate
 from .names import validate_node_id
@@ -290,8 +291,9 @@ def _serial_key(target: str) -> str:
     return target
 
 
-def cert_revoke(*, target: str, reason: str = "") -> list[Certificate]:
-    """Revoke by serial (hex) or by node id (every live client certificate of it)."""
+def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certificate]:
+    """Revoke by serial (hex) or by node id (every live client certificate of it).
+    ``actor`` (who asked) is passed to the revocation hooks (nodes records an Event)."""
     now = timezone.now()
     serial = _serial_key(target)
     with transaction.atomic():
@@ -318,4 +320,6 @@ def cert_revoke(*, target: str, reason: str = "") -> list[Certificate]:
             row.revocation_reason = reason
             row.save(update_fields=["revoked_at", "revocation_reason"])
             logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
+            for handler in hooks.cert_revoked_handlers:
+                handler(certificate=row, actor=actor, reason=reason)
     return rows

@@ -185,9 +185,9 @@ def job_provision_create(*, request: dict[str, Any], user=None) -> Job:
     return job
 
 
-def job_retry(*, job_id: int) -> Job:
+def job_retry(*, job_id: int, actor: str = "") -> Job:
     with transaction.atomic():
-        job = job_transition(job_id=job_id, to=JobStatus.QUEUED, reason="retried by an operator")
+        job = job_transition(job_id=job_id, to=JobStatus.QUEUED, reason=f"retried by {actor or 'an operator'}")
         for step in job.steps.select_for_update().filter(status__in=[StepStatus.FAILED, StepStatus.RUNNING]):
             # The failed step starts afresh: it looks at the world again.
             step_transition(step=step, to=StepStatus.PENDING, lines=[log_line("retried")], data={})
@@ -195,10 +195,10 @@ def job_retry(*, job_id: int) -> Job:
     return job
 
 
-def job_cancel(*, job_id: int) -> Job:
+def job_cancel(*, job_id: int, actor: str = "") -> Job:
     """Stop the job after its current call; what it made stays (the VM is not removed)."""
     with transaction.atomic():
-        job = job_transition(job_id=job_id, to=JobStatus.CANCELLED, reason="cancelled by an operator")
+        job = job_transition(job_id=job_id, to=JobStatus.CANCELLED, reason=f"cancelled by {actor or 'an operator'}")
         for step in job.steps.select_for_update().filter(status=StepStatus.RUNNING):
             step_transition(step=step, to=StepStatus.PENDING, lines=[log_line("cancelled by an operator")])
     return job

@@ -66,7 +66,7 @@ def catalog_validate(entries: list[Any]) -> list[dict[str, Any]]:
     return clean
 
 
-def catalog_apply(*, entries: list[Any], prune: bool = False) -> dict[str, list[str]]:
+def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "") -> dict[str, list[str]]:
     """Create and update the given models; with ``prune``, remove the others.
     All or nothing: one bad entry and nothing changes."""
     clean = catalog_validate(entries)
@@ -99,7 +99,9 @@ def catalog_apply(*, entries: list[Any], prune: bool = False) -> dict[str, list[
                     result["removed"].append(name)
         for verb in ("created", "updated", "removed"):
             for name in result[verb]:
-                event_record(kind=EventKind.MODEL, subject=f"model/{name}", message=f"catalog: {name} {verb}")
+                event_record(kind=EventKind.MODEL, subject=f"model/{name}",
+                             message=f"catalog: {name} {verb}" + (f" by {actor}" if actor else ""),
+                             data={"actor": actor} if actor else None)
         reconcile_after_commit()
     return result
 
@@ -119,7 +121,7 @@ def model_refresh_fit(*, model: CatalogEntry, never: str | None) -> None:
         )
 
 
-def model_scale(*, name: str, replicas: int) -> CatalogEntry:
+def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
     if replicas < 0:
         raise CatalogInvalid([f"replicas: must be 0 or more, got {replicas}"])
     with transaction.atomic():
@@ -129,7 +131,9 @@ def model_scale(*, name: str, replicas: int) -> CatalogEntry:
         previous = model.replicas
         model.replicas = replicas
         model.save(update_fields=["replicas", "updated_at"])
-        event_record(kind=EventKind.MODEL, subject=f"model/{name}", message=f"{name} scaled from {previous} to {replicas}")
+        event_record(kind=EventKind.MODEL, subject=f"model/{name}",
+                     message=f"{name} scaled from {previous} to {replicas}" + (f" by {actor}" if actor else ""),
+                     data={"actor": actor} if actor else None)
         reconcile_after_commit()
     return model
 

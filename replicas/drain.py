@@ -63,7 +63,7 @@ class DrainStates(StateMachine):
 DRAIN_STATES = DrainStates()
 
 
-def drain_start(*, node_name: str) -> Drain:
+def drain_start(*, node_name: str, actor: str = "") -> Drain:
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=node_name).first()
         if node is None:
@@ -73,7 +73,7 @@ def drain_start(*, node_name: str) -> Drain:
             return active
         if node.status not in (NodeStatus.READY, NodeStatus.CORDONED):
             raise InvalidTransition(f"node {node_name} is {node.status}; only a ready or cordoned node can be drained")
-        node_transition(node_name=node_name, to=NodeStatus.DRAINING, reason="drain requested by an operator")
+        node_transition(node_name=node_name, to=NodeStatus.DRAINING, reason=f"drain requested by {actor or 'an operator'}")
         drain = Drain.objects.create(node=node, remaining=_placed_on(node).count())
         _log(drain, f"started: {drain.remaining} replica(s) to move, one at a time")
         drain.save(update_fields=["log"])

@@ -1,0 +1,102 @@
+"""The web UI's cluster page at cluster scale, on PostgreSQL.
+
+1,000 nodes x 8 GPUs in 16 fabrics plus 50 fabric-less nodes, filled with the
+scheduler benchmark's replica mix by the real scheduler; then the cluster page
+and its live partial are rendered through Django's test client (server time:
+queries, Python and templates, no network) and the figures printed, with the
+number of queries per request. Goal: under 300 ms for the whole page.
+
+    python bench/ui.py [--nodes 1000] [--runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import scheduler as scheduler_bench  # noqa: E402 - bench/ is on the path when run as a script
+
+DB_NAME = "llmgw_bench_ui"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000, help="fabric nodes (default 1000)")
+    parser.add_argument("--fabrics", type=int, default=16)
+    parser.add_argument("--islands", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    args = parser.parse_args()
+
+    os.environ.update(
+        DATABASE_URL=f"{args.pg}/{DB_NAME}",
+        CELERY_BROKER_URL=args.redis,
+        LLMGW_REDIS_URL=args.redis,
+        LLMGW_DATA_DIR=tempfile.mkdtemp(prefix="llmgw-bench-ui-"),
+        DJANGO_SETTINGS_MODULE="llmgw_site.settings",
+    )
+    scheduler_bench.DB_NAME = DB_NAME
+    scheduler_bench._recreate_database(args.pg)
+    import django
+
+    django.setup()
+    import redis
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from replicas import scheduling, tasks
+
+    logging.disable(logging.INFO)  # the scheduler's Events, one log line each
+    redis.Redis.from_url(args.redis).flushdb()
+    call_command("migrate", verbosity=0)
+    tasks.replicas_reconcile.delay = lambda *a, **k: None
+    tasks.replicas_reconcile.apply_async = lambda *a, **k: None
+    scheduler_bench._build_cluster(args.nodes, args.fabrics, args.islands)
+    scheduler_bench._pending_replicas(1.0)
+    placed = scheduling.replicas_schedule_pending()
+
+    settings.ALLOWED_HOSTS = ["*"]
+    get_user_model().objects.create_superuser("bench", "", "bench-password")
+    client = Client()
+    client.login(username="bench", password="bench-password")
+    from nodes.models import Gpu, Node
+    from replicas.models import GpuAllocation
+
+    print(f"cluster: {Node.objects.count()} nodes, {Gpu.objects.count()} GPUs, "
+          f"{GpuAllocation.objects.count()} held by {placed} placed replicas")
+    results = {}
+    for label, url in (("cluster page", "/"), ("live partial", "/cluster/grid/"),
+                       ("partial, one fabric", "/cluster/grid/?fabric=ib-03"),
+                       ("partial, name filter", "/cluster/grid/?name=node00")):
+        client.get(url)  # warm: templates compiled, connection open
+        times = []
+        for _ in range(args.runs):
+            with CaptureQueriesContext(connection) as queries:
+                start = time.perf_counter()
+                response = client.get(url)
+                times.append((time.perf_counter() - start) * 1000)
+            assert response.status_code == 200, response.status_code
+        times.sort()
+        print(f"{label:22} {url:32} p50 {statistics.median(times):6.1f} ms  max {times[-1]:6.1f} ms  "
+              f"{len(queries.captured_queries)} queries  {len(response.content) / 1024:.0f} KiB")
+        results[url] = statistics.median(times)
+    print(f"goal (whole cluster page under 300 ms): {'met' if results['/'] < 300 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

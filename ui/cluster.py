@@ -1,0 +1,211 @@
+"""The cluster grid: every node and GPU with the replica holding it.
+
+Built from one query per table with ``values()`` (no model instances), so a
+cluster of 1,000 nodes x 8 GPUs renders in a few hundred milliseconds; see
+bench/ui.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from urllib.parse import quote
+
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+from nodes import liveness
+from nodes.choices import NodeStatus
+from nodes.models import Gpu, Node
+from replicas.choices import DRAIN_ACTIVE
+from replicas.models import Drain, GpuAllocation
+
+# Replica colours: twelve hues picked in CSS (.r0 .. .r11).
+PALETTE = 12
+NO_FABRIC = "no fabric"
+
+
+@dataclass
+class NodeCard:
+    name: str
+    status: str
+    agent_version: str
+    discovery_errors: list
+    age: float | None
+    draining: bool
+    other_fabrics: list[str]
+    gpus: str = ""  # the cells' HTML, already escaped
+    html: SafeString = mark_safe("")
+
+
+@dataclass
+class FabricColumn:
+    name: str
+    nodes: list[NodeCard]
+    collapsed: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class LegendEntry:
+    colour: str
+    label: str
+
+
+@dataclass
+class Cluster:
+    fabrics: list[FabricColumn]
+    legend: list[LegendEntry]
+    legend_more: int
+    totals: dict[str, int]
+    fabric_names: list[str]
+
+
+@dataclass(frozen=True)
+class Filters:
+    fabric: str = ""
+    state: str = ""
+    name: str = ""
+    collapsed: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_query(cls, query) -> "Filters":
+        states = set(NodeStatus.values)
+        state = query.get("state", "")
+        return cls(
+            fabric=query.get("fabric", "")[:64],
+            state=state if state in states else "",
+            name=query.get("name", "").strip()[:63],
+            collapsed=frozenset(query.getlist("collapse")),
+        )
+
+
+def _age(seen: dict[str, float], name: str, stored: dt.datetime | None, now: float) -> float | None:
+    ts = seen.get(name)
+    if ts is None and stored is not None:
+        ts = stored.timestamp()
+    return None if ts is None else max(0.0, now - ts)
+
+
+def age_text(seconds: float | None) -> str:
+    """A heartbeat age in a few characters: '4 s', '3 min', '2 h', 'never'."""
+    if seconds is None:
+        return "never"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def card_html(card: NodeCard, node_url: str) -> SafeString:
+    """A node's card. Written here rather than in a template: a thousand cards
+    and eight thousand GPU cells through the template engine take most of a
+    second; this takes a few milliseconds (bench/ui.py)."""
+    name = escape(card.name)
+    classes = f"node {card.status}" + (" draining" if card.draining else "")
+    meta = [f'<span title="last heartbeat">♥ {age_text(card.age)}</span>']
+    if card.agent_version:
+        meta.append(f"<span>agent {escape(card.agent_version)}</span>")
+    if card.draining and card.status != NodeStatus.DRAINING:
+        meta.append('<span class="badge st-draining">draining</span>')
+    if card.other_fabrics:
+        meta.append(f"<span>also {escape(', '.join(card.other_fabrics))}</span>")
+    errors = ""
+    if card.discovery_errors:
+        count = len(card.discovery_errors)
+        first = str(card.discovery_errors[0])
+        errors = (f'<div class="errors" title="{escape("; ".join(map(str, card.discovery_errors)))}">'
+                  f'⚠ {count} discovery error{"s" if count > 1 else ""}: '
+                  f'{escape(first[:60] + ("…" if len(first) > 60 else ""))}</div>')
+    return mark_safe(
+        f'<article class="{classes}" data-node="{name}"><header><a href="{node_url}{quote(card.name)}/">{name}</a>'
+        f'<span class="badge st-{card.status}">{card.status}</span></header>'
+        f'<div class="meta">{"".join(meta)}</div>{errors}<div class="gpus">{card.gpus}</div></article>'
+    )
+
+
+def replica_colour(replica_id: int) -> str:
+    return f"r{replica_id % PALETTE}"
+
+
+def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Cluster:
+    node_url = reverse("ui-node", args=["x"])[:-2]
+    now = timezone.now().timestamp()
+    seen = liveness.store().seen_all()
+    node_rows = list(
+        Node.objects.order_by("name").values(
+            "id", "name", "status", "agent_version", "discovery_errors", "last_heartbeat_at"
+        )
+    )
+    fabrics_of: dict[int, list[str]] = {}
+    for node_id, fabric in Node.fabrics.through.objects.values_list("node_id", "fabric__name").order_by("fabric__name"):
+        fabrics_of.setdefault(node_id, []).append(fabric)
+    draining = set(Drain.objects.filter(status__in=DRAIN_ACTIVE).values_list("node_id", flat=True))
+    holder: dict[int, tuple[int, str]] = {
+        gpu_id: (replica_id, model)
+        for gpu_id, replica_id, model in GpuAllocation.objects.values_list(
+            "gpu_id", "member__replica_id", "member__replica__model__name"
+        )
+    }
+    cells_of: dict[int, list[str]] = {}
+    legend: dict[int, str] = {}
+    held_label: dict[int, str] = {}
+    for gpu_id, node_id, index in Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index"):
+        held = holder.get(gpu_id)
+        if held is None:
+            cell = f'<span class="gpu free" title="GPU {index}: free"></span>'
+        else:
+            replica_id, model = held
+            label = held_label.get(replica_id)
+            if label is None:
+                legend[replica_id] = model
+                label = held_label[replica_id] = f'{replica_colour(replica_id)}" title="{escape(model)} #{replica_id}'
+            cell = f'<span class="gpu {label}, GPU {index}"></span>'
+        cells_of.setdefault(node_id, []).append(cell)
+
+    columns: dict[str, FabricColumn] = {}
+    totals = {status: 0 for status in NodeStatus.values}
+    needle = filters.name.lower()
+    for row in node_rows:
+        totals[row["status"]] += 1
+        fabrics = fabrics_of.get(row["id"], [])
+        home = fabrics[0] if fabrics else NO_FABRIC
+        column = columns.get(home)
+        if column is None:
+            column = columns[home] = FabricColumn(home, [], collapsed=home in filters.collapsed)
+        column.counts[row["status"]] = column.counts.get(row["status"], 0) + 1
+        if filters.fabric and home != filters.fabric:
+            continue
+        if filters.state and row["status"] != filters.state:
+            continue
+        if needle and needle not in row["name"].lower():
+            continue
+        card = NodeCard(
+            name=row["name"],
+            status=row["status"],
+            agent_version=row["agent_version"],
+            discovery_errors=row["discovery_errors"] or [],
+            age=_age(seen, row["name"], row["last_heartbeat_at"], now),
+            draining=row["id"] in draining,
+            other_fabrics=fabrics[1:],
+            gpus="".join(cells_of.get(row["id"], ())),
+        )
+        card.html = card_html(card, node_url)
+        column.nodes.append(card)
+    ordered = sorted(columns.values(), key=lambda c: (c.name == NO_FABRIC, c.name))
+    if filters.fabric:
+        ordered = [c for c in ordered if c.name == filters.fabric]
+    entries = [LegendEntry(replica_colour(rid), f"{model} #{rid}") for rid, model in sorted(legend.items())]
+    return Cluster(
+        fabrics=ordered,
+        legend=entries[:legend_max],
+        legend_more=max(0, len(entries) - legend_max),
+        totals={k: v for k, v in totals.items() if v},
+        fabric_names=[c.name for c in sorted(columns.values(), key=lambda c: (c.name == NO_FABRIC, c.name))],
+    )

@@ -1,0 +1,96 @@
+"""The node page and its actions, each through the service the REST API and
+the CLI call."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import render
+
+from nodes import selectors as node_selectors
+from nodes import services as node_services
+from pki import services as pki_services
+from pki.choices import CertificateKind
+from pki.models import Certificate
+from replicas import drain as drain_services
+from replicas.choices import DRAIN_ACTIVE, PLACED
+from replicas.models import Drain, GpuAllocation, Member
+
+from ..cluster import replica_colour
+from .access import actor, back, operation, viewer
+
+
+def _node_context(name: str) -> dict:
+    node = node_selectors.node_get(name=name)
+    if node is None:
+        raise Http404(f"no node named {name}")
+    seen = node_selectors.node_last_seen([node])[node.name]
+    holders = {
+        gpu_id: (replica_id, model, replica_colour(replica_id))
+        for gpu_id, replica_id, model in GpuAllocation.objects.filter(node=node).values_list(
+            "gpu_id", "member__replica_id", "member__replica__model__name")
+    }
+    drain = Drain.objects.filter(node=node).select_related("current__model").first()
+    members = list(
+        Member.objects.filter(node=node).exclude(state="gone").select_related("replica__model").order_by("replica_id")
+    )
+    return {
+        "node": node,
+        "age": node_selectors.age_seconds(seen),
+        "gpus": [(gpu, holders.get(gpu.id)) for gpu in node.gpus.all()],
+        "drain": drain,
+        "drain_active": drain is not None and drain.status in DRAIN_ACTIVE,
+        "members": members,
+        "waiting": [m for m in members if m.replica.status in PLACED],
+        "drain_percent": 0 if drain is None else round(100 * drain.moved / max(1, drain.moved + drain.remaining)),
+    }
+
+
+@viewer("nodes.view_node")
+def node_page(request, name: str):
+    context = _node_context(name)
+    context["certificates"] = Certificate.objects.filter(
+        common_name=name, kind=CertificateKind.CLIENT).order_by("-not_after")[:5]
+    context["events"] = node_selectors.event_list(node=name)[:50]
+    return render(request, "ui/node.html", context)
+
+
+@viewer("nodes.view_node")
+def node_live(request, name: str):
+    return render(request, "ui/partials/node_live.html", _node_context(name))
+
+
+@operation("nodes.change_node")
+def node_cordon(request, name: str):
+    node_services.node_cordon(node_name=name, actor=actor(request))
+    messages.success(request, f"{name} is cordoned: nothing new is placed on it; what runs there keeps running.")
+    return back(request)
+
+
+@operation("nodes.change_node")
+def node_uncordon(request, name: str):
+    node_services.node_uncordon(node_name=name, actor=actor(request))
+    messages.success(request, f"{name} is back in service: new replicas may be placed on it.")
+    return back(request)
+
+
+@operation("nodes.change_node")
+def node_drain(request, name: str):
+    drain = drain_services.drain_start(node_name=name, actor=actor(request))
+    messages.success(request, f"Draining {name}: {drain.remaining} replica(s) to move, one at a time; "
+                              "each replacement is ready before its original stops.")
+    return back(request)
+
+
+@operation("pki.change_certificate")
+def node_revoke(request, name: str):
+    try:
+        rows = pki_services.cert_revoke(target=name, reason=request.POST.get("reason", "")[:255],
+                                        actor=actor(request))
+    except pki_services.PkiError as exc:
+        messages.error(request, str(exc))
+    else:
+        serials = ", ".join(r.serial for r in rows)
+        messages.success(request, f"Revoked {len(rows)} certificate(s) of {name} ({serials}): its agent is refused "
+                                  "from now on and the node will turn lost after the grace period.")
+    return back(request)
