@@ -271,6 +271,16 @@ LLMGW_GATEWAY_READ_TIMEOUT = env.float("LLMGW_GATEWAY_READ_TIMEOUT", default=600
 # How often each gateway process checks the routing table and publishes its in-flight counts.
 LLMGW_GATEWAY_SYNC_INTERVAL = env.float("LLMGW_GATEWAY_SYNC_INTERVAL", default=0.2)
 LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=32 * 1024 * 1024)
+# Seconds a client has to send the whole body once its headers (and key) passed.
+LLMGW_GATEWAY_BODY_TIMEOUT = env.float("LLMGW_GATEWAY_BODY_TIMEOUT", default=60.0)
+# Bodies larger than this are parsed in separate processes, at most this many at once per web process.
+LLMGW_GATEWAY_INLINE_PARSE_BYTES = env.int("LLMGW_GATEWAY_INLINE_PARSE_BYTES", default=256 * 1024)
+LLMGW_GATEWAY_PARSE_WORKERS = env.int("LLMGW_GATEWAY_PARSE_WORKERS", default=2)
+# Scrapers of /metrics send 'Authorization: Bearer <token>'. Unset, /metrics
+# answers loopback callers only (a Prometheus on the same host, the demo).
+LLMGW_METRICS_TOKEN = env.str("LLMGW_METRICS_TOKEN", default="")
+if env.str("LLMGW_METRICS_TOKEN_FILE", default=""):
+    LLMGW_METRICS_TOKEN = Path(env.str("LLMGW_METRICS_TOKEN_FILE")).read_text().strip()
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
