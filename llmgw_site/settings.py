@@ -75,7 +75,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "pki",
@@ -83,6 +82,8 @@ INSTALLED_APPS = [
     "replicas",
     "gateway",
     "provisioning",
+    # Last: its post_migrate hook gives the role groups every app's permissions.
+    "accounts",
 ]
 
 if ROLE == "agent-api":
@@ -224,7 +225,8 @@ REST_FRAMEWORK = {
         "llmgw_site.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Django model permissions per action (roles are groups of them): accounts/permissions.py.
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.ActionPermissions"],
     "DEFAULT_PARSER_CLASSES": [
         "llmgw_site.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
