@@ -44,9 +44,9 @@ def roles_sync(*, group_model, permission_model) -> None:
 
 
 def roles_sync_after_migrate(sender, **kwargs) -> None:
-    # post_migrate is sent once per app; the last one sees every permission.
-    apps = kwargs.get("apps")
-    if apps is None or sender.label != "accounts":
+    # post_migrate is sent once per app (after migrate, and after a flush);
+    # accounts comes last in INSTALLED_APPS, so by then every permission exists.
+    if sender.label != "accounts":
         return
     from django.contrib.auth.models import Group, Permission
 

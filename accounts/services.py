@@ -8,7 +8,7 @@ import string
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from nodes.exceptions import NotFound
 
 from .models import OperatorToken
-from .roles import ADMIN, ROLES
+from .roles import ADMIN, ROLES, roles_sync
 from .selectors import token_hash
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,11 @@ def _check_role(role: str) -> None:
 
 def _apply_role(user, role: str) -> None:
     user.groups.remove(*Group.objects.filter(name__in=ROLES))
-    user.groups.add(Group.objects.get(name=role))
+    group = Group.objects.filter(name=role).first()
+    if group is None:  # a database flushed without its post_migrate (some test setups)
+        roles_sync(group_model=Group, permission_model=Permission)
+        group = Group.objects.get(name=role)
+    user.groups.add(group)
     # The Django admin is for admins; the others use the pages and the API.
     if user.is_staff != (role == ADMIN) and not user.is_superuser:
         user.is_staff = role == ADMIN

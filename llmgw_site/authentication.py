@@ -27,7 +27,7 @@ class TokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("the token holds characters a token never has") from None
         user = token_user(token=token)
         if user is None:
-            raise exceptions.AuthenticationFailed("invalid token (or its user is inactive)")
+            raise exceptions.AuthenticationFailed("Invalid token.")
         return user, token
 
     def authenticate_header(self, request) -> str:
