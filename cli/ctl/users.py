@@ -54,6 +54,10 @@ def _list(args) -> int:
     return print_listing(
         args, api_call("GET", "/api/v1/users/"),
         ["name", "role", "active", "staff", "superuser", "last login"],
-        lambda u: [u["username"], u["role"] or "-", "yes" if u["is_active"] else "no", "yes" if u["is_staff"] else "no",
-                   "yes" if u["is_superuser"] else "no", (u["last_login"] or "never")[:19].replace("T", " ")],
+        lambda u: [u["username"], u["role"] or "-", _yes(u["is_active"]), _yes(u["is_staff"]), _yes(u["is_superuser"]),
+                   (u["last_login"] or "never")[:19].replace("T", " ")],
     )
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
