@@ -46,7 +46,8 @@ class GatewayHandler(ASGIHandler):
         try:
             request = self.request_class(scope, io.BytesIO(b""))
         except UnicodeDecodeError:
-            await self._send(openai_error(400, "The request line is not valid.", ErrorKind.INVALID_REQUEST), send)
+            await self._send(_closing(
+                openai_error(400, "The request line is not valid.", ErrorKind.INVALID_REQUEST)), send)
             return
         try:
             view, kwargs = self._resolve(request.path_info)
