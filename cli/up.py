@@ -5,6 +5,7 @@ Imported only once Django is set up (see ``cli/env.py``).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 
+from accounts.services import token_create
 from agentapi.command import gunicorn_argv
 from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, pki_ensure_agent_listener
 
@@ -22,10 +23,14 @@ from .env import child_env, ensure_migrated
 from .processes import ProcessGroup, stopped_on_exit
 
 
+ADMIN_PASSWORD_FILE = "admin-password"
+
+
 def first_run(*, host: str) -> list[str]:
     """Migrate, create the authority, the listener's certificate and an admin.
 
-    Returns lines to print (the admin password appears exactly once, ever).
+    Returns lines to print. The admin password is written once to a file
+    only its owner can read (never printed: output lands in logs and journals).
     """
     lines = []
     settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
@@ -36,22 +41,48 @@ def first_run(*, host: str) -> list[str]:
     User = get_user_model()
     if not User.objects.filter(is_superuser=True).exists():
         password = secrets.token_urlsafe(12)
-        user = User.objects.create_superuser("admin", "", password)
-        lines.append(f"created user 'admin' with password {password}  (shown once; change it in the admin)")
-    else:
-        user = User.objects.filter(is_superuser=True).order_by("id").first()
-    token, _ = Token.objects.get_or_create(user=user)
+        password_file = settings.DATA_DIR / ADMIN_PASSWORD_FILE
+        _write_secret(password_file, password + "\n", replace=True)
+        User.objects.create_superuser("admin", "", password)
+        lines.append(f"created user 'admin'; its password is in {password_file} (readable by you alone; "
+                     "change the password in the admin, then delete the file)")
     token_file = settings.DATA_DIR / "ctl-token"
     if not token_file.exists():
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token.key)
+        user = User.objects.filter(is_superuser=True).order_by("id").first()
+        _write_secret(token_file, token_create(user=user, name="llmgw up").token, replace=False)
         lines.append(f"wrote the API token for 'llmgw ctl' to {token_file}")
     if settings.CELERY_BROKER_URL.startswith("filesystem://"):
         for folder in settings.CELERY_BROKER_TRANSPORT_OPTIONS.values():
             if isinstance(folder, str):
                 Path(folder).mkdir(parents=True, exist_ok=True)
     return lines
+
+
+def _write_secret(path: Path, text: str, *, replace: bool) -> None:
+    """Create ``path`` 0600 from the start (never readable by others, even for a moment)."""
+    if replace:
+        path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def exposure_warning(*, host: str, web_port: int) -> str | None:
+    """What to tell an operator who serves the web process beyond this machine."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (
+        f"WARNING: the web process listens on {host}:{web_port} over plain HTTP: logins, sessions and API tokens "
+        "cross the network unencrypted"
+        + (", and any Host header is accepted (DJANGO_ALLOWED_HOSTS is unset)" if settings.ALLOWED_HOSTS == ["*"]
+           else "")
+        + ". Put a TLS reverse proxy in front of it (deploy/nginx-llmgw.conf; docs/security.md), set "
+        "LLMGW_PUBLIC_URL=https://... and DJANGO_ALLOWED_HOSTS, and keep the web port reachable from the proxy alone."
+    )
 
 
 def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers: int) -> dict[str, list[str]]:
@@ -69,6 +100,9 @@ def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers
 
 
 def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2) -> int:
+    warning = exposure_warning(host=host, web_port=web_port)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     lines = first_run(host=host)
     for line in lines:
         print(line, flush=True)
@@ -101,6 +135,7 @@ def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2)
 def _forgot_password_hint() -> str:
     manage = Path(settings.BASE_DIR) / "manage.py"
     return (
-        "  login       as 'admin', with the password printed on the first run; to set a new one:\n"
+        f"  login       as 'admin', with the password the first run wrote to {settings.DATA_DIR / ADMIN_PASSWORD_FILE};"
+        " to set a new one:\n"
         f"              LLMGW_DATA_DIR={settings.DATA_DIR} {sys.executable} {manage} changepassword admin\n"
     )

@@ -22,6 +22,7 @@ from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
 from django.urls import Resolver404, get_resolver
 
+from . import views
 from .choices import ErrorKind
 from .errors import openai_error
 from .runtime import gateway
@@ -42,35 +43,17 @@ class GatewayHandler(ASGIHandler):
         await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send) -> None:
-        limit = settings.LLMGW_GATEWAY_MAX_BODY_BYTES
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > limit:
-                    response = openai_error(413, f"The body is larger than {limit} bytes.", ErrorKind.BODY_TOO_LARGE)
-                    response["Connection"] = "close"
-                    await self._send(response, send)
-                    return
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
         try:
-            request = self.request_class(scope, io.BytesIO(body))
+            request = self.request_class(scope, io.BytesIO(b""))
         except UnicodeDecodeError:
-            await self._send(openai_error(400, "The request line is not valid.", ErrorKind.INVALID_REQUEST), send)
+            await self._send(_closing(
+                openai_error(400, "The request line is not valid.", ErrorKind.INVALID_REQUEST)), send)
             return
-        request._body = body  # read above; Django's own size limit is for forms, not prompts
         try:
             view, kwargs = self._resolve(request.path_info)
         except Resolver404:
-            await self._send(
-                openai_error(404, f"No route {request.method} {request.path_info}.", ErrorKind.NOT_FOUND), send)
+            await self._send(_closing(
+                openai_error(404, f"No route {request.method} {request.path_info}.", ErrorKind.NOT_FOUND)), send)
             return
         gw = gateway()
         if not gw.started:
@@ -78,10 +61,23 @@ class GatewayHandler(ASGIHandler):
                 await gw.start()
             except Exception as exc:
                 logger.exception("gateway could not load its routing table")
-                await self._send(openai_error(
+                await self._send(_closing(openai_error(
                     503, f"The gateway could not load its routing table: {exc}", ErrorKind.NO_READY_REPLICA,
-                    headers={"Retry-After": str(settings.LLMGW_GATEWAY_RETRY_AFTER)}), send)
+                    headers={"Retry-After": str(settings.LLMGW_GATEWAY_RETRY_AFTER)})), send)
                 return
+        # Who is asking is in the headers: a caller without a valid key (or
+        # a scraper without the metrics token) is answered before a byte of
+        # its body is read, and the server reads no more of it than its own
+        # small buffer (the connection closes).
+        refused = views.precheck(gw, request, view)
+        if refused is not None:
+            await self._send(_closing(refused), send)
+            return
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        request._body = body  # read above; Django's own size limit is for forms, not prompts
+        request._stream = io.BytesIO(body)
 
         # As Django does, watch for the client going away while the view
         # works, and cancel it (and with it the upstream request) when it
@@ -111,6 +107,35 @@ class GatewayHandler(ASGIHandler):
             state["finished"] = True
             watcher.cancel()
 
+    @staticmethod
+    async def _read_body(receive, send) -> bytes | None:
+        """The whole body, or None when the client went away or was answered
+        (too large; not all there within LLMGW_GATEWAY_BODY_TIMEOUT)."""
+        limit = settings.LLMGW_GATEWAY_MAX_BODY_BYTES
+        chunks, size = [], 0
+        try:
+            async with asyncio.timeout(settings.LLMGW_GATEWAY_BODY_TIMEOUT):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    if chunk:
+                        size += len(chunk)
+                        if size > limit:
+                            await GatewayHandler._send(_closing(openai_error(
+                                413, f"The body is larger than {limit} bytes.", ErrorKind.BODY_TOO_LARGE)), send)
+                            return None
+                        chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            timeout = settings.LLMGW_GATEWAY_BODY_TIMEOUT
+            await GatewayHandler._send(_closing(openai_error(
+                408, f"The body did not arrive within {timeout:g} s ({size} bytes came).", ErrorKind.BODY_TIMEOUT)),
+                send)
+            return None
+
     def _resolve(self, path: str):
         """Django's URL resolving, remembered per path (resolving costs more than the rest of routing)."""
         hit = self._routes.get(path)
@@ -135,6 +160,13 @@ class GatewayHandler(ASGIHandler):
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _closing(response):
+    """A response after which the connection closes: its request's body may
+    be unread, and what follows on the connection is not a request."""
+    response["Connection"] = "close"
+    return response
 
 
 def with_gateway(django_application):

@@ -11,6 +11,7 @@ class ErrorKind(models.TextChoices):
     NO_READY_REPLICA = "no_ready_replica"
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
+    BODY_TIMEOUT = "body_timeout"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
@@ -28,6 +29,7 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     500: "server_error",
     502: "server_error",

@@ -11,16 +11,16 @@ stops generating.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import aiohttp
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
+from .bodycheck import ask_for_usage, encode  # noqa: F401 - callers import them from here
 from .choices import ErrorKind
 from .errors import json_response, openai_error, sse_error
 from .routing import Route
@@ -50,16 +50,6 @@ def usage_of(data: bytes) -> tuple[int, int]:
     prompt = _PROMPT_TOKENS.search(data, match.end())
     completion = _COMPLETION_TOKENS.search(data, match.end())
     return (int(prompt.group(1)) if prompt else 0), (int(completion.group(1)) if completion else 0)
-
-
-def ask_for_usage(body: dict[str, Any]) -> bool:
-    """Make a streamed request end with a usage event; True when the client
-    did not ask for one (the gateway then counts it and drops it)."""
-    options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return False
-    body["stream_options"] = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
-    return True
 
 
 class Attempt:
@@ -232,7 +222,3 @@ def _no_replica(attempt: Attempt) -> HttpResponse:
         503, f"model {attempt.model} has no ready replica right now; try again shortly",
         ErrorKind.NO_READY_REPLICA, headers={"Retry-After": str(settings.LLMGW_GATEWAY_RETRY_AFTER)},
     )
-
-
-def encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False).encode()

@@ -27,6 +27,7 @@ from django.db import close_old_connections
 
 from . import selectors, services
 from .metrics import GatewayMetrics
+from .bodycheck import Checker
 from .routing import Key, RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class Gateway:
         self._starting: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+        self.bodies = Checker(inline_bytes=settings.LLMGW_GATEWAY_INLINE_PARSE_BYTES,
+                              workers=settings.LLMGW_GATEWAY_PARSE_WORKERS)
         self._version: tuple | None = None
         self._loaded_at = 0.0
         self._published: tuple | None = None
@@ -112,6 +115,7 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        self.bodies.close()
         if self.started:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._db, self._final_writes)

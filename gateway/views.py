@@ -3,9 +3,11 @@ handler in ``gateway.asgi`` (no middleware, no thread per request)."""
 
 from __future__ import annotations
 
-import json
+import hmac
+import ipaddress
 import logging
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -13,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from . import metrics as metrics_module
 from .choices import ErrorKind
 from .errors import json_response, openai_error
-from .proxy import Attempt, ask_for_usage, encode, forward
+from .proxy import Attempt, encode, forward
 from .routing import Key
 from .runtime import Gateway, gateway
 
@@ -26,15 +28,30 @@ def _refuse(gw: Gateway, endpoint: str, model: str, status: int, message: str, k
     return openai_error(status, message, kind, **kwargs)
 
 
-def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
+def _key(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
     key = gw.authenticate(request.META.get("HTTP_AUTHORIZATION"))
     if key is None and not gw.open:
         given = "HTTP_AUTHORIZATION" in request.META
         message = ("Incorrect API key provided." if given else
                    "You didn't provide an API key: send it as 'Authorization: Bearer sk-llmgw-...'.")
         return None, _refuse(gw, endpoint, "", 401, message, ErrorKind.INVALID_API_KEY)
-    gw.count(key)
     return key, None
+
+
+def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
+    key, refused = _key(gw, request, endpoint)
+    if refused is None:
+        gw.count(key)
+    return key, refused
+
+
+def precheck(gw: Gateway, request: HttpRequest, view) -> HttpResponse | None:
+    """The refusal of a request from its headers alone (wrong method, no
+    valid key, no metrics token), before its body is read; None to go on."""
+    if view is metrics:
+        return _metrics_refusal(request)
+    endpoint, allowed = ENDPOINTS[view]
+    return _method(gw, request, endpoint, allowed) or _key(gw, request, endpoint)[1]
 
 
 def _method(gw: Gateway, request: HttpRequest, endpoint: str, allowed: str) -> HttpResponse | None:
@@ -108,15 +125,15 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
     key, refused = _authenticate(gw, request, endpoint)
     if refused:
         return refused
-    raw = request.body
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _refuse(gw, endpoint, "", 400, f"The body is not valid JSON: {exc}", ErrorKind.INVALID_REQUEST)
-    problem = _problem(body, required)
-    if problem:
-        return _refuse(gw, endpoint, "", 400, problem[1], ErrorKind.INVALID_REQUEST, param=problem[0])
-    model = body["model"]
+        checked = await gw.bodies.check(request.body, required, endpoint != "embeddings")
+    except BrokenProcessPool:
+        logger.exception("gateway: a body-parsing process died")
+        return _refuse(gw, endpoint, "", 503, "The gateway could not parse this body now; try again shortly.",
+                       ErrorKind.INTERNAL, headers={"Retry-After": str(settings.LLMGW_GATEWAY_RETRY_AFTER)})
+    if checked.problem:
+        return _refuse(gw, endpoint, "", 400, checked.problem[1], ErrorKind.INVALID_REQUEST, param=checked.problem[0])
+    model = checked.model
     if key is not None and not key.allows(model):
         if model in gw.table.catalog:
             allowed = ", ".join(sorted(key.allowed_models or ()))
@@ -131,39 +148,52 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         # An unknown name is not a metrics label: clients could make up any number of them.
         return _refuse(gw, endpoint, "", 404, _unknown_model_message(gw, key, model), ErrorKind.MODEL_NOT_FOUND,
                        param="model")
-    stream = body.get("stream") is True and endpoint != "embeddings"
-    strip_usage = False
-    if stream:
-        strip_usage = ask_for_usage(body)
-        if strip_usage:
-            raw = encode(body)
+    raw = checked.body if checked.body is not None else request.body
     attempt = Attempt(gw, key, model, endpoint, started)
-    return await forward(attempt, path, raw, stream=stream, strip_usage=strip_usage)
-
-
-def _problem(body, required: str) -> tuple[str | None, str] | None:
-    """(param, message) for a body the engines would refuse, None when it may go on."""
-    if not isinstance(body, dict):
-        return None, "The body must be a JSON object."
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return "model", "You must provide a model parameter (a string)."
-    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
-        return "stream", "'stream' must be true or false."
-    if required not in body:
-        return required, f"Missing required parameter: '{required}'."
-    if required == "messages" and (not isinstance(body["messages"], list) or not body["messages"]):
-        return "messages", "'messages' must be a non-empty list of {role, content} objects."
-    return None
+    return await forward(attempt, path, raw, stream=checked.stream, strip_usage=checked.strip_usage)
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:
     gw = gateway()
-    if request.method != "GET":
-        return HttpResponse(status=405, headers={"Allow": "GET"})
+    refused = _metrics_refusal(request)
+    if refused is not None:
+        return refused
     try:
         cluster = await gw.cluster_gauges()
     except Exception:
         logger.warning("metrics: could not read the cluster's figures", exc_info=True)
         cluster = None
     return json_response(metrics_module.render(cluster), content_type=metrics_module.CONTENT_TYPE)
+
+
+def _metrics_refusal(request: HttpRequest) -> HttpResponse | None:
+    """/metrics names every model and node: with LLMGW_METRICS_TOKEN set, a
+    scraper sends it as a bearer token; unset, only loopback callers get an answer."""
+    if request.method != "GET":
+        return json_response(b"/metrics answers GET only.\n", status=405, content_type="text/plain",
+                             headers={"Allow": "GET"})
+    token = settings.LLMGW_METRICS_TOKEN
+    if token:
+        given = request.META.get("HTTP_AUTHORIZATION", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return None
+        return json_response(b"/metrics needs 'Authorization: Bearer <LLMGW_METRICS_TOKEN>'.\n", status=401,
+                             content_type="text/plain", headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
+    try:
+        loopback = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "").is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return json_response(b"/metrics answers loopback callers only; set LLMGW_METRICS_TOKEN to let a scraper "
+                         b"elsewhere in with 'Authorization: Bearer <token>'.\n", status=403, content_type="text/plain")
+
+
+# The endpoint label and the one method of each view (for answers made before the body is read).
+ENDPOINTS = {
+    models: ("models", "GET"),
+    model_detail: ("models", "GET"),
+    chat_completions: ("chat", "POST"),
+    completions: ("completions", "POST"),
+    embeddings: ("embeddings", "POST"),
+}

@@ -1,11 +1,15 @@
 """How operators authenticate to the REST API (a site-wide DRF setting)."""
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from accounts.selectors import token_user
 
-class TokenAuthentication(authentication.TokenAuthentication):
-    """An operator token as ``Authorization: Token <t>`` (DRF's spelling) or
-    ``Authorization: Bearer <t>`` (what most APIs and the gateway take)."""
+
+class TokenAuthentication(authentication.BaseAuthentication):
+    """An operator token (``accounts.OperatorToken``, kept as a hash) as
+    ``Authorization: Token <t>`` (DRF's spelling) or ``Authorization: Bearer <t>``
+    (what most APIs and the gateway take)."""
 
     keywords = ("token", "bearer")
 
@@ -21,4 +25,21 @@ class TokenAuthentication(authentication.TokenAuthentication):
             token = auth[1].decode()
         except UnicodeError:
             raise exceptions.AuthenticationFailed("the token holds characters a token never has") from None
-        return self.authenticate_credentials(token)
+        user = token_user(token=token)
+        if user is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        return user, token
+
+    def authenticate_header(self, request) -> str:
+        return "Token"
+
+
+class TokenScheme(OpenApiAuthenticationExtension):
+    """The token in the OpenAPI document (registered by being defined)."""
+
+    target_class = TokenAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "An operator token, as 'Token <token>' or 'Bearer <token>'."}

@@ -75,7 +75,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "pki",
@@ -85,6 +84,8 @@ INSTALLED_APPS = [
     "provisioning",
     "django_htmx",
     "ui",
+    # Last: its post_migrate hook gives the role groups every app's permissions.
+    "accounts",
 ]
 
 if ROLE == "agent-api":
@@ -229,7 +230,8 @@ REST_FRAMEWORK = {
         "llmgw_site.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Django model permissions per action (roles are groups of them): accounts/permissions.py.
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.ActionPermissions"],
     "DEFAULT_PARSER_CLASSES": [
         "llmgw_site.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
@@ -276,6 +278,16 @@ LLMGW_GATEWAY_READ_TIMEOUT = env.float("LLMGW_GATEWAY_READ_TIMEOUT", default=600
 # How often each gateway process checks the routing table and publishes its in-flight counts.
 LLMGW_GATEWAY_SYNC_INTERVAL = env.float("LLMGW_GATEWAY_SYNC_INTERVAL", default=0.2)
 LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=32 * 1024 * 1024)
+# Seconds a client has to send the whole body once its headers (and key) passed.
+LLMGW_GATEWAY_BODY_TIMEOUT = env.float("LLMGW_GATEWAY_BODY_TIMEOUT", default=60.0)
+# Bodies larger than this are parsed in separate processes, at most this many at once per web process.
+LLMGW_GATEWAY_INLINE_PARSE_BYTES = env.int("LLMGW_GATEWAY_INLINE_PARSE_BYTES", default=256 * 1024)
+LLMGW_GATEWAY_PARSE_WORKERS = env.int("LLMGW_GATEWAY_PARSE_WORKERS", default=2)
+# Scrapers of /metrics send 'Authorization: Bearer <token>'. Unset, /metrics
+# answers loopback callers only (a Prometheus on the same host, the demo).
+LLMGW_METRICS_TOKEN = env.str("LLMGW_METRICS_TOKEN", default="")
+if env.str("LLMGW_METRICS_TOKEN_FILE", default=""):
+    LLMGW_METRICS_TOKEN = Path(env.str("LLMGW_METRICS_TOKEN_FILE")).read_text().strip()
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)

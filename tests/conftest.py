@@ -212,7 +212,8 @@ def web_factory(pki_dir, transactional_db, tmp_path):
 def admin_token(transactional_db):
     """An operator API token (what 'llmgw ctl' sends as LLMGW_TOKEN)."""
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from accounts.services import token_create
 
     user = get_user_model().objects.create_superuser("admin", "", "admin-password-for-tests")
-    return Token.objects.create(user=user).key
+    return token_create(user=user).token

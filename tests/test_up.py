@@ -22,7 +22,7 @@ from tests.conftest import free_port, mtls_client, wait_for_port
 
 # The embedded default is what runs when none of these is set.
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "LLMGW_REDIS_URL", "LLMGW_DATA_DIR", "LLMGW_PKI_DIR")
-PASSWORD_LINE = re.compile(r"created user 'admin' with password (\S+)")
+PASSWORD_LINE = re.compile(r"created user 'admin'; its password is in (\S+) ")
 
 
 def llmgw_argv() -> list[str]:
@@ -159,8 +159,13 @@ def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
     first = up_runs()
     data_dir = first.data_dir
     base = f"http://127.0.0.1:{first.web_port}"
-    passwords = PASSWORD_LINE.findall(first.output())
-    assert len(passwords) == 1, first.output()
+    password_files = PASSWORD_LINE.findall(first.output())
+    assert len(password_files) == 1, first.output()
+    password_file = Path(password_files[0])
+    assert password_file == data_dir / "admin-password"
+    assert oct(password_file.stat().st_mode & 0o777) == "0o600"
+    password = password_file.read_text().strip()
+    assert password and password not in first.output()  # never printed: output lands in logs
     assert "changepassword" not in first.output()
     assert (data_dir / "llmgw.sqlite3").exists()
     assert (data_dir / "pki" / "ca.pem").exists()
@@ -176,8 +181,8 @@ def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
         assert "llmgw operator API" in schema.text
     assert httpx.get(f"{base}/api/v1/nodes/", timeout=10).status_code in (401, 403)
 
-    # The printed password logs in, and the dashboard shows.
-    browser = login(base, passwords[0])
+    # The password from the file logs in, and the dashboard shows.
+    browser = login(base, password)
     try:
         page = browser.get("/")
         assert page.status_code == 200 and "<h1>Cluster</h1>" in page.text

@@ -42,7 +42,7 @@ def api_call(method: str, path: str, **kwargs):
         detail = detail or (data if data is not None else response.text.strip()[:500]) or response.reason_phrase
         hint = ""
         if response.status_code in (401, 403):
-            hint = " (check LLMGW_TOKEN: it must be an API token of a staff user)"
+            hint = " (check LLMGW_TOKEN: it must be an operator token of a user whose role allows this)"
         raise CtlError(f"{response.status_code}: {detail}{hint}")
     if data is None:
         raise CtlError(

@@ -12,6 +12,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     lookup_field = "name"
     serializer_class = ApiKeySerializer
+    permission_model = "gateway.apikey"
+    required_permissions = {"revoke": ("gateway.change_apikey",)}
 
     def get_queryset(self):
         return selectors.key_list()

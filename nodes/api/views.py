@@ -9,6 +9,8 @@ from .serializers import EventSerializer, FabricSerializer, NodeSerializer
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = NodeSerializer
+    permission_model = "nodes.node"
+    required_permissions = {"cordon": ("nodes.change_node",), "uncordon": ("nodes.change_node",)}
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
 
@@ -37,6 +39,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
 class FabricViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = FabricSerializer
+    permission_model = "nodes.fabric"
     lookup_field = "name"
     # Fabric names may contain dots (the router's default stops at them).
     lookup_value_regex = "[^/]+"
@@ -54,6 +57,7 @@ class FabricViewSet(viewsets.ReadOnlyModelViewSet):
 )
 class EventViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = EventSerializer
+    permission_model = "nodes.event"
 
     def get_queryset(self):
         params = self.request.query_params

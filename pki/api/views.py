@@ -16,6 +16,7 @@ class CertificateViewSet(viewsets.ReadOnlyModelViewSet):
     the host that holds the authority's key."""
 
     serializer_class = CertificateSerializer
+    permission_model = "pki.certificate"
     lookup_field = "serial"
 
     def get_queryset(self):

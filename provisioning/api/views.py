@@ -7,7 +7,6 @@ from rest_framework.response import Response
 from .. import selectors, services, sshkeys
 from ..choices import JobStatus
 from ..validation import RequestInvalid
-from .permissions import CanProvision
 from .serializers import (CheckSerializer, HypervisorSerializer, JobSerializer, ProvisionSerializer,
                           SshKeySerializer)
 
@@ -23,8 +22,9 @@ class HypervisorViewSet(viewsets.ModelViewSet):
     """Proxmox hosts llmgw may create VMs on. The token secret is write-only."""
 
     serializer_class = HypervisorSerializer
-    permission_classes = [CanProvision]
-    view_models = ("hypervisor",)
+    permission_model = "provisioning.hypervisor"
+    # Checking reaches the hypervisor with its token: as provisioning does.
+    required_permissions = {"check": ("provisioning.run_provisioning",)}
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
 
@@ -71,8 +71,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Provisioning jobs and their steps."""
 
     serializer_class = JobSerializer
-    permission_classes = [CanProvision]
-    view_models = ("job",)
+    permission_model = "provisioning.job"
+    required_permissions = {action: ("provisioning.run_provisioning",) for action in ("provision", "retry", "cancel")}
     lookup_value_regex = r"\d+"
 
     def get_queryset(self):

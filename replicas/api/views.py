@@ -1,6 +1,7 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -26,6 +27,12 @@ class ModelViewSet(viewsets.ModelViewSet):
 
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
+    permission_model = "replicas.catalogentry"
+    # Creating is an upsert, as 'llmgw ctl apply' is.
+    required_permissions = {
+        "create": ("replicas.add_catalogentry", "replicas.change_catalogentry"),
+        "scale": ("replicas.change_catalogentry",),
+    }
 
     def get_queryset(self):
         return selectors.model_list()
@@ -70,10 +77,14 @@ class ModelViewSet(viewsets.ModelViewSet):
 
 
 class CatalogApplyView(APIView):
+    required_permissions = {"post": ("replicas.add_catalogentry", "replicas.change_catalogentry")}
+
     @extend_schema(request=CatalogApplySerializer, responses={200: dict})
     def post(self, request):
         serializer = CatalogApplySerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        if serializer.validated_data["prune"] and not request.user.has_perm("replicas.delete_catalogentry"):
+            raise PermissionDenied("pruning needs the permission replicas.delete_catalogentry")
         try:
             result = catalog.catalog_apply(entries=serializer.validated_data["models"],
                                            prune=serializer.validated_data["prune"])
@@ -84,6 +95,7 @@ class CatalogApplyView(APIView):
 
 class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ReplicaSerializer
+    permission_model = "replicas.replica"
 
     def get_queryset(self):
         params = self.request.query_params
@@ -92,6 +104,8 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
 
 class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = DrainSerializer
+    permission_model = "replicas.drain"
+    required_permissions = {"create": ("nodes.change_node",)}  # draining is operating the node
 
     def get_queryset(self):
         return selectors.drain_list(node=self.request.query_params.get("node"))

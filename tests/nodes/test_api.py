@@ -12,9 +12,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.urls import reverse
 from drf_spectacular.validation import validate_schema
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from accounts.services import token_create
 from nodes import liveness
 from nodes.choices import EventKind, NodeStatus
 from nodes.models import ControlPlaneClock, Event
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db
 def api(db):
     user = get_user_model().objects.create_superuser("operator", "", "operator-password-for-tests")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=user).token}")
     return client
 
 
@@ -189,10 +189,10 @@ def test_unauthenticated_cordon_changes_nothing(db):
     assert not Event.objects.exists()
 
 
-def test_a_user_who_is_not_staff_is_forbidden(db):
-    user = get_user_model().objects.create_user("viewer", "", "viewer-password")
+def test_a_user_without_permissions_is_forbidden(db):
+    user = get_user_model().objects.create_user("nobody", "", "nobody-password", is_staff=True)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=user).token}")
     NodeFactory(name="node01")
     for path in ENDPOINTS:
         assert client.get(path).status_code == 403

@@ -155,10 +155,10 @@ def test_ctl_provision_wait_shows_the_steps(plane, pve, vm_ssh, tmp_path):
 
 def test_ctl_provision_without_the_permission_is_refused(plane, pve, hypervisor_row):
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+    from accounts.services import token_create
 
     user = get_user_model().objects.create_user("nodeop", password="x", is_staff=True)
-    env = server_env(LLMGW_URL=plane.url, LLMGW_TOKEN=Token.objects.create(user=user).key)
+    env = server_env(LLMGW_URL=plane.url, LLMGW_TOKEN=token_create(user=user).token)
     refused = ctl("provision", "n1", "--vmid", "150", "--ip", "127.0.77.5/24", "--gateway", "127.0.77.254",
                   env=env, rc=1)
     assert "403" in refused.stderr and "provisioning.run_provisioning" in refused.stderr
