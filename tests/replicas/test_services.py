@@ -196,3 +196,31 @@ def test_drain_blocked_when_nothing_can_take_the_replica():
     assert started.status == "blocked"
     assert any("keeps running" in line for line in started.log)
     assert Replica.objects.get(draining=True).status == ReplicaStatus.READY
+
+
+def test_reconcile_fails_a_replica_left_on_a_lost_node_whose_follow_up_never_ran(seeds_cluster):
+    """The sweep commits LOST, then its handlers fail the node's replicas; if
+    the worker dies in between, the periodic reconcile must still do it."""
+    model = CatalogEntryFactory(name="m", nodes=2, gpus_per_node=4, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get(model=model)
+    for node in seeds_cluster.values():
+        _report(node)
+        _report(node)
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.READY
+    dead = replica.members.get(rank=1).node
+    # The transition alone, as the sweep commits it, without the lost-node hooks.
+    node_transition(node_name=dead.name, to=NodeStatus.LOST, reason="test: the worker died after this commit")
+
+    reconcile.replicas_reconcile()
+
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.FAILED
+    assert f"node {dead.name} was lost" in replica.status_reason
+    # The dead node's member holds nothing any more; a replacement is placed on live nodes.
+    assert not GpuAllocation.objects.filter(member__replica=replica, node=dead).exists()
+    reconcile.replicas_reconcile()
+    replacement = Replica.objects.exclude(pk=replica.pk).get(model=model)
+    assert replacement.status == ReplicaStatus.SCHEDULED
+    assert dead.name not in _placement(replacement)
