@@ -5,7 +5,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from nodes.choices import NodeStatus
-from nodes.models import Event
+from nodes.models import Event, Node
 from nodes.services import node_transition
 from replicas import drain, reconcile, services
 from replicas.choices import MemberState, ReplicaStatus
@@ -224,3 +224,40 @@ def test_reconcile_fails_a_replica_left_on_a_lost_node_whose_follow_up_never_ran
     replacement = Replica.objects.exclude(pk=replica.pk).get(model=model)
     assert replacement.status == ReplicaStatus.SCHEDULED
     assert dead.name not in _placement(replacement)
+
+
+def test_rebuild_uses_the_survivors_gpus_without_waiting_for_the_dead_node():
+    """Three 6-GPU nodes in one fabric, a 2x4 replica; its rank-1 node dies
+    with its engines. The leader's engine exits (the group broke) and its live
+    node says so: its GPUs are free at once, so the replacement is placed on
+    the surviving pair while the dead node is not yet declared lost."""
+    for i in (1, 2, 3):
+        node_with_gpus(f"hx{i}", gpus=6, fabric="fab-x", addr=f"127.0.1.{i}")
+    model = CatalogEntryFactory(name="m", nodes=2, gpus_per_node=4, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get(model=model)
+    for node in Node.objects.all():
+        _report(node)
+        _report(node)
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.READY
+    leader = replica.members.select_related("node").get(rank=0)
+    dead = replica.members.select_related("node").get(rank=1).node
+    spare = Node.objects.exclude(pk__in=[leader.node_id, dead.pk]).get()
+
+    # The dead node says nothing more; the leader's node reports its engine exited.
+    _report(leader.node, **{leader.member_id: ("exited", False)})
+
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.FAILED
+    assert not GpuAllocation.objects.filter(member__replica=replica, node=leader.node).exists()
+    assert not PortAllocation.objects.filter(member__replica=replica, node=leader.node).exists()
+    # Only the member on the unreachable node keeps its GPUs, until the node is lost.
+    assert GpuAllocation.objects.filter(member__replica=replica, node=dead).count() == 4
+    reconcile.replicas_reconcile()
+    replacement = Replica.objects.exclude(pk=replica.pk).get(model=model)
+    assert replacement.status == ReplicaStatus.SCHEDULED, replacement.pending_reason
+    assert set(_placement(replacement)) == {leader.node.name, spare.name}
+    assert Node.objects.get(pk=dead.pk).status == NodeStatus.READY  # not declared lost yet
+    used = list(GpuAllocation.objects.values_list("gpu_id", flat=True))
+    assert len(used) == len(set(used))
