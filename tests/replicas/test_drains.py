@@ -27,6 +27,18 @@ def _no_celery(monkeypatch, settings):
     settings.LLMGW_ROUTING_SETTLE = 0
 
 
+@pytest.fixture
+def admin_client_api(db):
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    user = get_user_model().objects.create_superuser("operator", "", "operator-password-for-tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
 def _report_all():
     """Every live node's agent reports its members running and healthy (and
     the ones it was told to stop, gone); twice, as the lifecycle needs."""
@@ -195,3 +207,21 @@ def test_only_a_ready_or_cordoned_node_can_be_drained():
     with pytest.raises(InvalidTransition, match="only a ready or cordoned node can be drained"):
         Node.objects.filter(name="node01").update(status=NodeStatus.LOST)
         drain.drain_start(node_name="node01")
+
+
+def test_the_cancel_endpoint(stuck_and_movable, admin_client_api):
+    started, _ = _blocked_drain(stuck_and_movable)
+    client = admin_client_api
+    assert client.post("/api/v1/drains/not-a-number/cancel/").status_code == 404
+    assert client.post("/api/v1/drains/99999999999999999999/cancel/").status_code == 404
+    missing = client.post(f"/api/v1/drains/{started.pk + 1000}/cancel/")
+    assert missing.status_code == 404 and "no drain" in missing.json()["detail"]
+
+    r = client.post(f"/api/v1/drains/{started.pk}/cancel/")
+
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "cancelled" and body["finished_at"]
+    assert {e["outcome"] for e in body["replicas"].values()} >= {"moved", "released"}
+    again = client.post(f"/api/v1/drains/{started.pk}/cancel/")
+    assert again.status_code == 409 and "only a running or blocked drain can be cancelled" in again.json()["detail"]
