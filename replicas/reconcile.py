@@ -53,7 +53,7 @@ def model_reconcile(*, model_id: int) -> None:
     """Converge one model's replica count: create pending replicas, or stop
     the extra ones (pending first, then the newest)."""
     with transaction.atomic():
-        model = CatalogEntry.objects.select_for_update().filter(pk=model_id).first()
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(pk=model_id).first()
         if model is None:
             return
         counted = list(
