@@ -40,6 +40,7 @@ class EventKind(models.TextChoices):
     REPLICA_STATUS = "replica.status"
     REPLICA_PENDING = "replica.pending"
     DRAIN = "drain"
+    PROVISIONING = "provisioning"
 
 
 class EventSeverity(models.TextChoices):
