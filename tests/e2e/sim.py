@@ -35,7 +35,9 @@ def fast_env(*, grace: float = GRACE) -> dict[str, str]:
 
 @pytest.fixture
 def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settings):
-    """start(nodes=SEEDS_NODES, grace=GRACE) -> a SimCluster whose agents are running and registered."""
+    """start(nodes=SEEDS_NODES, grace=GRACE, **settings) -> a SimCluster whose
+    agents are running and registered; ``settings`` override the control
+    plane's environment (LLMGW_RECONCILE_INTERVAL="600", ...)."""
     from nodes.choices import NodeStatus
     from nodes.models import Node
     from pki.services import bundle_write, cert_issue_client
@@ -45,8 +47,8 @@ def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settin
     def issue(name, out):
         bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
-    def start(nodes=SEEDS_NODES, *, grace: float = GRACE) -> SimCluster:
-        env = fast_env(grace=grace)
+    def start(nodes=SEEDS_NODES, *, grace: float = GRACE, **overrides: str) -> SimCluster:
+        env = {**fast_env(grace=grace), **overrides}
         for key in ("LLMGW_NODE_GRACE", "LLMGW_ROUTING_SETTLE", "LLMGW_STOP_GRACE"):
             setattr(settings, key, float(env[key]))
         api = agent_api_factory(workers=1, threads=8, **env)

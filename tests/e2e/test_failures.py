@@ -115,9 +115,11 @@ def test_rebuild_on_the_survivors_does_not_wait_for_the_dead_node(sim_cluster):
     with its engines. The group breaks and the leader's engine exits on its
     live node, which frees those GPUs at once: the replacement is ready on the
     surviving pair long before the dead node is declared lost (a 60 s grace
-    here, so that 'before' is beyond doubt)."""
+    here, so that 'before' is beyond doubt). The periodic reconcile is slowed
+    to 10 minutes: what places the replacement is the GPUs coming free, not a
+    timer that happens to run."""
     nodes = [SimNode(f"hx{i}", f"127.0.7.{i}", gpus=6, fabric="fab-x") for i in (1, 2, 3)]
-    cluster = sim_cluster(nodes, grace=60)
+    cluster = sim_cluster(nodes, grace=60, LLMGW_RECONCILE_INTERVAL="600")
     catalog_apply(entries=[{"name": "wide", "engine": "sim", "model": "/m", "nodes": 2, "gpus_per_node": 4,
                             "replicas": 1}])
     wait_until(ready(1), timeout=60, message="the 2x4 replica ready")
