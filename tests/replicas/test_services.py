@@ -261,3 +261,32 @@ def test_rebuild_uses_the_survivors_gpus_without_waiting_for_the_dead_node():
     assert Node.objects.get(pk=dead.pk).status == NodeStatus.READY  # not declared lost yet
     used = list(GpuAllocation.objects.values_list("gpu_id", flat=True))
     assert len(used) == len(set(used))
+
+
+def test_a_lost_node_that_returns_first_fails_what_it_held_before_being_believed(seeds_cluster):
+    """The sweep's follow-up was lost and the node heartbeats again before the
+    reconcile ran: its own heartbeat fails the replicas it held (it comes
+    back empty, as a lost node does), whatever its agent reports."""
+    from nodes.inventory import node_heartbeat_apply
+
+    model = CatalogEntryFactory(name="m", nodes=1, gpus_per_node=8, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get(model=model)
+    node = replica.members.get().node
+    _report(node)
+    _report(node)
+    node_transition(node_name=node.name, to=NodeStatus.LOST, reason="test: the worker died after this commit")
+    member = replica.members.get()
+    engines = [{"member": member.member_id, "replica": str(replica.pk), "rank": 0, "state": "running", "pid": 4242,
+                "exit_code": None, "healthy": True, "log_tail": []}]
+
+    back = node_heartbeat_apply(node_name=node.name, inventory={"gpus": [], "fabrics": [], "hcas": []} | {
+        k: getattr(node, k) for k in ("mgmt_addr", "mgmt_interface", "agent_version", "discovery_errors")},
+        inventory_hash=node.inventory_hash, engines=engines)
+
+    assert back.status == NodeStatus.READY
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.STOPPED  # failed, and its one member reaped
+    assert Event.objects.filter(subject=f"replica/{replica.pk}", data__to="failed",
+                                message__contains=f"node {node.name} was lost").exists()
+    assert not GpuAllocation.objects.filter(member__replica=replica).exists()
