@@ -47,7 +47,9 @@ def nodes_desired_changed(*, node_names: list[str], held: bool = False) -> None:
         Node.objects.filter(name__in=names).update(desired_version=F("desired_version") + 1)
         _bump_on_commit(names)
     else:
-        transaction.on_commit(lambda: _desired_versions_bump(names))
+        # robust: the caller's work is committed; a bump that fails is logged
+        # and made up for by the reconcile, never an error for the caller.
+        transaction.on_commit(lambda: _desired_versions_bump(names), robust=True)
 
 
 def node_desired_changed(*, node_name: str) -> None:
