@@ -10,7 +10,15 @@ The goal: the replacement ready within 2 s of the node being declared lost
 (the seeds' run took 20 s; GPUStack's defaults take minutes). The grace
 period is a setting (--grace); what is measured here is what llmgw adds to it.
 
+--topology fabric3: three 6-GPU nodes in one fabric and one 2x4 replica, so
+no spare pair exists: the replacement needs the GPUs its failed original
+held on the surviving node. When the node dies with its engines, the group
+breaks, the leader's node reports its engine exited, those GPUs are free at
+once, and the replacement need not wait for the dead node to be declared
+lost: "node declared lost -> replacement ready" is negative.
+
     make bench-failover        (or: python bench/failover.py --runs 3)
+    python bench/failover.py --topology fabric3 --mode kill --grace 10
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ def main() -> int:
     parser.add_argument("--grace", type=float, default=3.0, help="LLMGW_NODE_GRACE in seconds (default 3)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--topology", choices=["seeds", "fabric3"], default="seeds",
+                        help="seeds: 4 nodes in two fabrics, two 2x4 replicas; fabric3: three 6-GPU nodes "
+                        "in one fabric, one 2x4 replica (no spare pair: the survivors' GPUs are needed)")
+    parser.add_argument("--db-name", default=DB_NAME, help=f"database to (re)create on --pg (default {DB_NAME})")
     parser.add_argument("--mode", choices=["kill", "freeze", "both"], default="both",
                         help="kill: the node dies with its engines (the replica's group breaks at once); "
                         "freeze: only its agent stops (SIGSTOP), so only the lost-node sweep can tell")
@@ -42,7 +54,7 @@ def main() -> int:
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-failover-"))
     env = {
-        "DATABASE_URL": f"{args.pg}/{DB_NAME}",
+        "DATABASE_URL": f"{args.pg}/{args.db_name}",
         "CELERY_BROKER_URL": args.redis,
         "LLMGW_REDIS_URL": args.redis,
         "LLMGW_DATA_DIR": str(base / "data"),
@@ -54,7 +66,7 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     os.environ.update(env)
-    _recreate_database(args.pg)
+    _recreate_database(args.pg, args.db_name)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
     import django
 
@@ -94,16 +106,23 @@ def main() -> int:
         def issue(name, out):
             bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
-        for node in SEEDS_NODES:
-            cluster.add_node(SimNode(node.name, node.addr, node.gpus, node.fabric, node.hcas), issue_cert=issue)
+        if args.topology == "fabric3":
+            nodes = [SimNode(f"hx{i}", f"127.0.7.{i}", gpus=6, fabric="fab-x") for i in (1, 2, 3)]
+            wanted = 1
+        else:
+            nodes = [SimNode(n.name, n.addr, n.gpus, n.fabric, n.hcas) for n in SEEDS_NODES]
+            wanted = 2
+        for node in nodes:
+            cluster.add_node(node, issue_cert=issue)
             cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == 4, timeout=60, message="4 ready nodes")
+        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == len(nodes), timeout=60,
+                   message=f"{len(nodes)} ready nodes")
         catalog_apply(entries=[{"name": "llama-70b", "engine": "sim", "model": "/models/llama-70b",
-                                "nodes": 2, "gpus_per_node": 4, "replicas": 2}])
+                                "nodes": 2, "gpus_per_node": 4, "replicas": wanted}])
         modes = ["kill", "freeze"] if args.mode == "both" else [args.mode]
         for run, mode in [(r, m) for m in modes for r in range(args.runs)]:
-            wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == 2, timeout=90,
-                       message="two ready replicas")
+            wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == wanted, timeout=90,
+                       message=f"{wanted} ready replica(s)")
             victim_replica = Replica.objects.filter(status=ReplicaStatus.READY).order_by("id").first()
             victim = victim_replica.members.order_by("-rank").first().node.name
             before = set(Replica.objects.values_list("pk", flat=True))
@@ -139,6 +158,8 @@ def main() -> int:
     finally:
         cluster.stop()
     print()
+    print(f"topology {args.topology}: " + ("three 6-GPU nodes in one fabric, one 2x4 replica" if args.topology == "fabric3"
+                                          else "four 8-GPU nodes in two fabrics, two 2x4 replicas"))
     print(f"grace period {args.grace:.1f}s, heartbeat 1s, sweep every 0.5s")
     print(f"{'':40}{'median':>9}{'max':>9}")
     for mode in modes:
@@ -169,12 +190,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _recreate_database(server: str) -> None:
+def _recreate_database(server: str, name: str) -> None:
     import psycopg
+    from psycopg import sql
 
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 if __name__ == "__main__":

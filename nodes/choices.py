@@ -16,7 +16,9 @@ NODE_TRANSITIONS: dict[str, set[str]] = {
     NodeStatus.REGISTERED: {NodeStatus.READY, NodeStatus.CORDONED, NodeStatus.LOST},
     NodeStatus.READY: {NodeStatus.CORDONED, NodeStatus.DRAINING, NodeStatus.LOST},
     NodeStatus.CORDONED: {NodeStatus.READY, NodeStatus.DRAINING, NodeStatus.LOST},
-    NodeStatus.DRAINING: {NodeStatus.DRAINED, NodeStatus.READY, NodeStatus.LOST},
+    # A drain cancelled leaves the node cordoned; uncordoning ends it and
+    # puts the node back in service.
+    NodeStatus.DRAINING: {NodeStatus.DRAINED, NodeStatus.READY, NodeStatus.CORDONED, NodeStatus.LOST},
     # Uncordoning a drained node puts it back in service.
     NodeStatus.DRAINED: {NodeStatus.READY, NodeStatus.LOST},
     # A lost node that heartbeats again comes back empty: its replicas are gone.

@@ -13,6 +13,9 @@ from typing import Any, Callable
 engine_report_handlers: list[Callable[..., None]] = []
 # (node_name=str) -> None, after the node was marked lost.
 node_lost_handlers: list[Callable[..., None]] = []
+# (node_name=str, reason=str) -> None, inside the transaction that took the
+# node out of draining (an operator uncordoned it), which holds its row.
+node_undrained_handlers: list[Callable[..., None]] = []
 # (node_name=str) -> list of desired member dicts (agent.protocol.DesiredMember).
 desired_member_providers: list[Callable[..., list[dict[str, Any]]]] = []
 # () -> {node name: replicas with a member on the node}, for listings.

@@ -71,7 +71,7 @@ def node_heartbeat_apply(
     now = timezone.now()
     try:
         with transaction.atomic():
-            node = Node.objects.select_for_update().filter(name=node_name).first()
+            node = Node.objects.select_for_update(no_key=True).filter(name=node_name).first()
             if node is None:
                 node = Node.objects.create(name=node_name, status=NodeStatus.REGISTERED, status_changed_at=now)
                 event_record(
@@ -109,6 +109,13 @@ def node_heartbeat_apply(
             node.engines = engines
             node.last_heartbeat_at = now
             node.save()
+            if node.status == NodeStatus.LOST:
+                # Back from the dead: whatever it held was failed when it was
+                # declared lost. Should that follow-up not have run (a worker
+                # that died right after the sweep's commit), it runs now,
+                # before anything the node reports is believed.
+                for handler in hooks.node_lost_handlers:
+                    handler(node_name=node_name)
             for handler in hooks.engine_report_handlers:
                 handler(node=node, engines=engines)
     except IntegrityError as exc:

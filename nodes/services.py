@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
-from . import liveness, watch
+from . import hooks, liveness, watch
 from .choices import NODE_TRANSITIONS, EventKind, EventSeverity, NodeStatus
 from .exceptions import NotFound
 from .models import Node
@@ -20,11 +20,36 @@ def _bump_on_commit(node_names: list[str]) -> None:
     transaction.on_commit(lambda: liveness.store().bump_many(node_names, channel=watch.CHANNEL))
 
 
-def nodes_desired_changed(*, node_names: list[str]) -> None:
-    """What the nodes should run changed: bump their versions (inside the
-    caller's transaction) and tell their agents after commit."""
-    Node.objects.filter(name__in=node_names).update(desired_version=F("desired_version") + 1)
-    _bump_on_commit(node_names)
+def _desired_versions_bump(node_names: list[str]) -> None:
+    # Its own short transaction, taking the rows in ascending pk: the lock
+    # order (docs/architecture.md) puts nodes before members and replicas, so
+    # a bump asked for while those are held waits until they are released.
+    with transaction.atomic():
+        ids = list(
+            Node.objects.select_for_update(no_key=True).filter(name__in=node_names).order_by("pk").values_list("pk", flat=True)
+        )
+        Node.objects.filter(pk__in=ids).update(desired_version=F("desired_version") + 1)
+    liveness.store().bump_many(node_names, channel=watch.CHANNEL)
+
+
+def nodes_desired_changed(*, node_names: list[str], held: bool = False) -> None:
+    """What the nodes should run changed: bump their versions and tell their
+    agents. ``held``: the caller's transaction holds these nodes' rows
+    already (a placement locks its nodes first), so the versions move with
+    it; otherwise they move right after it commits, because locking a node
+    row while holding member or replica rows would invert the lock order and
+    deadlock with heartbeats. (A version that failed to move is moved again
+    by the reconcile: ``replicas.reconcile.members_nudge``.)"""
+    names = sorted(set(node_names))
+    if not names:
+        return
+    if held:
+        Node.objects.filter(name__in=names).update(desired_version=F("desired_version") + 1)
+        _bump_on_commit(names)
+    else:
+        # robust: the caller's work is committed; a bump that fails is logged
+        # and made up for by the reconcile, never an error for the caller.
+        transaction.on_commit(lambda: _desired_versions_bump(names), robust=True)
 
 
 def node_desired_changed(*, node_name: str) -> None:
@@ -75,4 +100,11 @@ def node_cordon(*, node_name: str, actor: str = "") -> Node:
 
 
 def node_uncordon(*, node_name: str, actor: str = "") -> Node:
-    return node_transition(node_name=node_name, to=NodeStatus.READY, reason=f"uncordoned by {actor or 'an operator'}")
+    """Back in service. A drain under way ends with it (and never resumes):
+    its replicas stop moving and keep running here."""
+    who = actor or "an operator"
+    with transaction.atomic():
+        node = node_transition(node_name=node_name, to=NodeStatus.READY, reason=f"uncordoned by {who}")
+        for handler in hooks.node_undrained_handlers:
+            handler(node_name=node_name, reason=f"{node_name} uncordoned by {who}")
+    return node

@@ -150,7 +150,10 @@ class StateMachine:
         does not exist raises ``missing``, or returns None without it.
         """
         with transaction.atomic():
-            row = rows.select_for_update().first()
+            # Only this row (not the rows select_related joins in), and
+            # FOR NO KEY UPDATE: inserts referencing it (Events, members)
+            # need not wait for it. The lock order is in docs/architecture.md.
+            row = rows.select_for_update(of=("self",), no_key=True).first()
             if row is None:
                 if missing is not None:
                     raise missing

@@ -7,9 +7,10 @@ class ReplicasConfig(AppConfig):
     def ready(self) -> None:
         from nodes import hooks
 
-        from . import selectors, services
+        from . import drain, selectors, services
 
         hooks.engine_report_handlers.append(services.members_report)
         hooks.node_lost_handlers.append(services.replicas_node_lost)
+        hooks.node_undrained_handlers.append(drain.drain_end_for_node)
         hooks.desired_member_providers.append(selectors.node_desired_members)
         hooks.replica_counters.append(selectors.node_replica_counts)

@@ -72,7 +72,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "") -
     clean = catalog_validate(entries)
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "removed": []}
     with transaction.atomic():
-        existing = {m.name: m for m in CatalogEntry.objects.select_for_update()}
+        existing = {m.name: m for m in CatalogEntry.objects.select_for_update(no_key=True)}
         for data in clean:
             model = existing.get(data["name"])
             if model is None:
@@ -125,7 +125,7 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
     if replicas < 0:
         raise CatalogInvalid([f"replicas: must be 0 or more, got {replicas}"])
     with transaction.atomic():
-        model = CatalogEntry.objects.select_for_update().filter(name=name).first()
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
         if model is None:
             raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
         previous = model.replicas
@@ -142,7 +142,7 @@ def catalog_upsert(*, entry: dict[str, Any]) -> None:
     """One entry, created or updated (the REST API and the admin)."""
     (data,) = catalog_validate([entry])
     with transaction.atomic():
-        model, created = CatalogEntry.objects.select_for_update().get_or_create(name=data["name"], defaults=data)
+        model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:
                 if field in data:
@@ -158,7 +158,7 @@ def catalog_upsert(*, entry: dict[str, Any]) -> None:
 def model_remove(*, name: str) -> None:
     """Stop every replica of the model, then drop the entry."""
     with transaction.atomic():
-        model = CatalogEntry.objects.select_for_update().filter(name=name).first()
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
         if model is None:
             raise NotFound(f"no model named {name!r} in the catalog")
         model.removing = True

@@ -45,16 +45,31 @@ class MemberState(models.TextChoices):
 
 class DrainStatus(models.TextChoices):
     RUNNING = "running"
-    BLOCKED = "blocked"  # a replica cannot be moved anywhere; it keeps running
+    BLOCKED = "blocked"  # every replica left fits nowhere else; they keep running
     DONE = "done"
+    CANCELLED = "cancelled"  # ended by an operator (cancel, uncordon, a new drain) or by the node leaving draining
 
 
 DRAIN_TRANSITIONS: dict[str, set[str]] = {
     # Blocked and back: a replica that fits nowhere, then fits again. A drain
-    # is done once its node holds nothing, blocked or not.
-    DrainStatus.RUNNING: {DrainStatus.BLOCKED, DrainStatus.DONE},
-    DrainStatus.BLOCKED: {DrainStatus.RUNNING, DrainStatus.DONE},
+    # is done once its node holds nothing, blocked or not. An ended drain
+    # (done or cancelled) never resumes: draining the node again is a new drain.
+    DrainStatus.RUNNING: {DrainStatus.BLOCKED, DrainStatus.DONE, DrainStatus.CANCELLED},
+    DrainStatus.BLOCKED: {DrainStatus.RUNNING, DrainStatus.DONE, DrainStatus.CANCELLED},
     DrainStatus.DONE: set(),
+    DrainStatus.CANCELLED: set(),
 }
 # Still moving replicas: at most one per node (a constraint on Drain).
 DRAIN_ACTIVE = frozenset({DrainStatus.RUNNING, DrainStatus.BLOCKED})
+DRAIN_ENDED = frozenset({DrainStatus.DONE, DrainStatus.CANCELLED})
+
+
+class DrainOutcome(models.TextChoices):
+    """Where each replica of a draining node stands (Drain.replicas)."""
+
+    QUEUED = "queued"  # not tried yet: one replica moves at a time
+    MOVING = "moving"  # its replacement is scheduled or starting
+    WAITING = "waiting"  # its replacement fits nowhere yet; it keeps running here
+    MOVED = "moved"  # its replacement is ready; it was stopped
+    GONE = "gone"  # it left the node otherwise (failed, scaled down)
+    RELEASED = "released"  # the drain ended before it moved; it keeps running here

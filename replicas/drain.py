@@ -1,5 +1,11 @@
-"""Draining a node: one replica at a time, each replacement ready before its
-original stops, and a replica that cannot move anywhere keeps running."""
+"""Draining a node: one replica moving at a time, each replacement ready
+before its original stops; a replica that cannot move anywhere keeps running
+while the drain tries the others. An operator can end a drain (cancel,
+uncordon, or a new drain of the node); an ended drain never resumes.
+
+Rows are taken in the project's lock order (docs/architecture.md): the node,
+then the drain, then replicas.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +19,10 @@ from nodes.models import Node
 from nodes.services import node_transition
 from nodes.statemachine import StateMachine
 
-from .choices import DRAIN_ACTIVE, DRAIN_TRANSITIONS, PLACED, DrainStatus, ReplicaStatus
+from .choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, PLACED, DrainOutcome, DrainStatus, ReplicaStatus
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidDrainTransition
-from .models import Drain, Replica
+from .models import Drain, Member, Replica
 from .services import replica_transition
 
 
@@ -50,12 +56,12 @@ class DrainStates(StateMachine):
         return drain.node
 
     def changing(self, drain: Drain, previous: str, to: str) -> list[str]:
-        return ["log", *(["finished_at"] if to == DrainStatus.DONE else [])]
+        return ["log", *(["finished_at"] if to in DRAIN_ENDED else [])]
 
     def apply(self, drain: Drain, *, to: str, reason: str = "", severity: str = EventSeverity.INFO) -> str:
         self.check(drain, to)
         _log_line(drain, reason)
-        if to == DrainStatus.DONE:
+        if to in DRAIN_ENDED:
             drain.finished_at = timezone.now()
         return super().apply(drain, to=to, reason=reason, severity=severity)
 
@@ -63,88 +69,210 @@ class DrainStates(StateMachine):
 DRAIN_STATES = DrainStates()
 
 
+def _node_lock(**lookup) -> Node | None:
+    return Node.objects.select_for_update(no_key=True).filter(**lookup).first()
+
+
+def _active_lock(node: Node) -> Drain | None:
+    return (
+        Drain.objects.select_for_update(of=("self",), no_key=True).select_related("node")
+        .filter(node=node, status__in=DRAIN_ACTIVE).first()
+    )
+
+
+def _on_node(node: Node):
+    """The node's placed replicas, oldest first."""
+    return Replica.objects.filter(
+        pk__in=Member.objects.filter(node=node).values("replica_id"), status__in=PLACED
+    ).order_by("pk")
+
+
 def drain_start(*, node_name: str, actor: str = "") -> Drain:
+    """Start draining a node. A drain already under way on it ends (its
+    replicas already moving keep moving, now under the new drain, which
+    reports every replica afresh)."""
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(name=node_name).first()
+        node = _node_lock(name=node_name)
         if node is None:
             raise NotFound(f"no node named {node_name!r}; 'llmgw ctl nodes' lists them")
-        active = Drain.objects.filter(node=node, status__in=DRAIN_ACTIVE).first()
-        if active is not None:
-            return active
-        if node.status not in (NodeStatus.READY, NodeStatus.CORDONED):
+        active = _active_lock(node)
+        if active is None and node.status not in (NodeStatus.READY, NodeStatus.CORDONED, NodeStatus.DRAINING):
             raise InvalidTransition(f"node {node_name} is {node.status}; only a ready or cordoned node can be drained")
-        node_transition(node_name=node_name, to=NodeStatus.DRAINING, reason=f"drain requested by {actor or 'an operator'}")
-        drain = Drain.objects.create(node=node, remaining=_placed_on(node).count())
+        if active is not None:
+            _drain_end(active, reason=f"a new drain of {node_name} was requested; it takes over", release=False)
+        if node.status != NodeStatus.DRAINING:
+            node_transition(node_name=node_name, to=NodeStatus.DRAINING, reason=f"drain requested by {actor or 'an operator'}")
+        drain = Drain.objects.create(node=node, remaining=_on_node(node).count())
         _log(drain, f"started: {drain.remaining} replica(s) to move, one at a time")
         drain.save(update_fields=["log"])
         reconcile_after_commit()
     return drain
 
 
-def _placed_on(node: Node):
-    return Replica.objects.filter(members__node=node, status__in=PLACED).distinct().order_by("id")
+def _drain_end(drain: Drain, *, reason: str, release: bool = True) -> None:
+    """End an active drain (cancelled). With ``release``, the replicas it was
+    moving stop moving: they keep running where they are, and the
+    replacements made for them are scaled away by the reconcile."""
+    node = drain.node
+    released = []
+    if release:
+        others = Drain.objects.filter(status__in=DRAIN_ACTIVE).exclude(pk=drain.pk).values("node_id")
+        # A replica that spans another node under drain keeps moving for that drain.
+        shared = Member.objects.filter(node_id__in=others).values("replica_id")
+        rows = (
+            Replica.objects.select_for_update(of=("self",), no_key=True).select_related("model")
+            .filter(pk__in=Member.objects.filter(node=node).values("replica_id"), draining=True, status__in=PLACED)
+            .exclude(pk__in=shared).order_by("pk")
+        )
+        released = list(rows)
+        Replica.objects.filter(pk__in=[r.pk for r in released]).update(draining=False)
+        for replica in released:
+            entry = drain.replicas.get(str(replica.pk), {"model": replica.model.name})
+            drain.replicas[str(replica.pk)] = {**entry, "outcome": DrainOutcome.RELEASED,
+                                               "reason": "the drain ended; it keeps running here"}
+    summary = f"{drain.moved} replica(s) moved"
+    if released:
+        summary += "; no longer moving, and running on here: " + ", ".join(
+            f"{r.model.name} replica {r.pk}" for r in released)
+    drain.remaining = _on_node(node).count()
+    DRAIN_STATES.apply(drain, to=DrainStatus.CANCELLED, severity=EventSeverity.WARNING,
+                       reason=f"drain {drain.pk} of {node.name} ended ({reason}): {summary}")
+    drain.current = None
+    drain.save(update_fields=["replicas", "remaining", "current"])
+    reconcile_after_commit()
+
+
+def drain_cancel(*, drain_id: int, reason: str = "cancelled by an operator") -> Drain:
+    """End a drain under way; its node stays cordoned (uncordon puts it back
+    in service)."""
+    node_id = Drain.objects.filter(pk=drain_id).values_list("node_id", flat=True).first()
+    if node_id is None:
+        raise NotFound(f"no drain {drain_id}; 'llmgw ctl drain NODE' starts one, /api/v1/drains/ lists them")
+    with transaction.atomic():
+        node = _node_lock(pk=node_id)
+        drain = Drain.objects.select_for_update(of=("self",), no_key=True).select_related("node").get(pk=drain_id)
+        if drain.status not in DRAIN_ACTIVE:
+            raise InvalidDrainTransition(
+                f"drain {drain.pk} of {node.name} is {drain.status}; only a running or blocked drain can be cancelled")
+        _drain_end(drain, reason=reason)
+        if node.status == NodeStatus.DRAINING:
+            node_transition(node_name=node.name, to=NodeStatus.CORDONED, expected=NodeStatus.DRAINING,
+                            reason="its drain was cancelled; it stays cordoned until uncordoned")
+    drain.refresh_from_db()
+    return drain
+
+
+def drain_end_for_node(*, node_name: str, reason: str) -> None:
+    """nodes' hook: the node left draining (uncordoned): its drain ends.
+    Called inside the transaction that holds the node's row."""
+    node = _node_lock(name=node_name)
+    drain = _active_lock(node) if node is not None else None
+    if drain is not None:
+        _drain_end(drain, reason=reason)
+
+
+def _outcome(drain: Drain, replica: Replica, outcome: str, reason: str = "") -> bool:
+    """Record a replica's outcome; log it when it changed. Returns whether it changed."""
+    key = str(replica.pk)
+    before = drain.replicas.get(key, {})
+    entry = {"model": replica.model.name, "outcome": outcome, "reason": reason}
+    drain.replicas[key] = entry
+    if (before.get("outcome"), before.get("reason")) == (outcome, reason):
+        return False
+    if outcome == DrainOutcome.WAITING:
+        _log(drain, f"{replica.model.name} replica {replica.pk} cannot be moved anywhere yet, so it keeps running "
+             f"on {drain.node.name}: {reason}", severity=EventSeverity.WARNING)
+    elif outcome == DrainOutcome.MOVING and before.get("outcome") == DrainOutcome.WAITING:
+        _log(drain, f"{replica.model.name} replica {replica.pk}: a replacement fits now")
+    return True
 
 
 def drain_step(*, drain_id: int) -> None:
-    """Advance a drain as far as it can go now. Idempotent."""
+    """Advance a drain as far as it can go now: every replica of the node is
+    looked at and its outcome recorded. Idempotent."""
+    node_id = Drain.objects.filter(pk=drain_id, status__in=DRAIN_ACTIVE).values_list("node_id", flat=True).first()
+    if node_id is None:
+        return
     with transaction.atomic():
-        drain = Drain.objects.select_for_update(of=("self",)).select_related("node", "current__model").filter(pk=drain_id).first()
-        if drain is None or drain.status not in DRAIN_ACTIVE:
+        node = _node_lock(pk=node_id)
+        drain = (
+            Drain.objects.select_for_update(of=("self",), no_key=True).select_related("node")
+            .filter(pk=drain_id, status__in=DRAIN_ACTIVE).first()
+        )
+        if drain is None or node is None:
             return
-        node = drain.node
-        current = drain.current
-        if current is not None:
-            current.refresh_from_db()
-            if current.status not in PLACED:
-                drain.moved += 1 if current.status in (ReplicaStatus.STOPPING, ReplicaStatus.STOPPED) else 0
-                drain.current = None
-                current = None
-            else:
-                model = current.model
-                ready = Replica.objects.filter(model=model, status=ReplicaStatus.READY, draining=False).count()
-                if ready >= model.replicas:
-                    replica_transition(
-                        replica_id=current.pk, to=ReplicaStatus.STOPPING, expected=PLACED,
-                        reason=f"drained off {node.name}: its replacement is ready",
-                    )
-                    _log(drain, f"{model.name} replica {current.pk}: replacement ready, stopping the original")
-                    drain.moved += 1
-                    drain.current = None
-                    current = None
-                else:
-                    stuck = Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="").first()
-                    if stuck is not None and drain.status != DrainStatus.BLOCKED:
-                        DRAIN_STATES.apply(
-                            drain, to=DrainStatus.BLOCKED, severity=EventSeverity.ERROR,
-                            reason=f"{model.name} replica {current.pk} cannot be moved anywhere, so it keeps "
-                            f"running on {node.name}: {stuck.pending_reason}",
-                        )
-                    elif stuck is None and drain.status == DrainStatus.BLOCKED:
-                        DRAIN_STATES.apply(
-                            drain, to=DrainStatus.RUNNING,
-                            reason=f"{model.name} replica {current.pk}: a replacement fits now",
-                        )
-        if current is None:
-            following = _placed_on(node).filter(draining=False).first()
-            if following is not None:
-                Replica.objects.filter(pk=following.pk).update(draining=True)
-                drain.current = following
-                message = f"moving {following.model.name} replica {following.pk}: scheduling its replacement"
-                if drain.status == DrainStatus.BLOCKED:
-                    DRAIN_STATES.apply(drain, to=DrainStatus.RUNNING, reason=message)
-                else:
-                    _log(drain, message)
-            elif not _placed_on(node).exists() and not Replica.objects.filter(
-                members__node=node, status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED]
-            ).exists():
-                node_transition(node_name=node.name, to=NodeStatus.DRAINED, expected=NodeStatus.DRAINING,
-                                reason=f"drained: {drain.moved} replica(s) moved")
-                DRAIN_STATES.apply(
-                    drain, to=DrainStatus.DONE,
-                    reason=f"done: {drain.moved} replica(s) moved; {node.name} holds none",
+        drain.node = node
+        if node.status not in (NodeStatus.DRAINING, NodeStatus.LOST):
+            # Level-triggered: however the node left draining, the drain ends.
+            _drain_end(drain, reason=f"{node.name} is {node.status}")
+            return
+        replicas = list(
+            Replica.objects.select_for_update(of=("self",), no_key=True).select_related("model")
+            .filter(pk__in=_on_node(node).values("pk")).order_by("pk")
+        )
+        present = {str(r.pk) for r in replicas}
+        for key, entry in drain.replicas.items():
+            if key not in present and entry["outcome"] in (DrainOutcome.MOVING, DrainOutcome.WAITING, DrainOutcome.QUEUED):
+                drain.replicas[key] = {**entry, "outcome": DrainOutcome.GONE, "reason": "it left the node otherwise"}
+        moving = waiting = 0
+        queued = []
+        for replica in replicas:
+            model = replica.model
+            if not replica.draining:
+                queued.append(replica)
+                _outcome(drain, replica, DrainOutcome.QUEUED)
+                continue
+            ready = Replica.objects.filter(model=model, status=ReplicaStatus.READY, draining=False).count()
+            if ready >= model.replicas:
+                replica_transition(
+                    replica_id=replica.pk, to=ReplicaStatus.STOPPING, expected=PLACED,
+                    reason=f"drained off {node.name}: its replacement is ready",
                 )
-        drain.remaining = _placed_on(node).count()
+                _outcome(drain, replica, DrainOutcome.MOVED, "its replacement is ready")
+                _log(drain, f"{model.name} replica {replica.pk}: replacement ready, stopping the original")
+                drain.moved += 1
+                continue
+            stuck = Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="").first()
+            if stuck is not None:
+                waiting += 1
+                _outcome(drain, replica, DrainOutcome.WAITING, stuck.pending_reason)
+            else:
+                moving += 1
+                _outcome(drain, replica, DrainOutcome.MOVING, "its replacement is being scheduled or is starting")
+        if moving == 0 and queued:
+            # One replica moves at a time; one that cannot move does not hold up the others.
+            following = queued.pop(0)
+            Replica.objects.filter(pk=following.pk).update(draining=True)
+            drain.current = following
+            moving += 1
+            _outcome(drain, following, DrainOutcome.MOVING, "scheduling its replacement")
+            _log(drain, f"moving {following.model.name} replica {following.pk}: scheduling its replacement")
+        _drain_settle(drain, node, moving=moving, waiting=waiting, queued=len(queued))
+        drain.remaining = _on_node(node).count()
         drain.save()
+
+
+def _drain_settle(drain: Drain, node: Node, *, moving: int, waiting: int, queued: int) -> None:
+    if moving == 0 and waiting == 0 and queued == 0:
+        if not Replica.objects.filter(
+            members__node=node, status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED]
+        ).exists():
+            node_transition(node_name=node.name, to=NodeStatus.DRAINED, expected=NodeStatus.DRAINING,
+                            reason=f"drained: {drain.moved} replica(s) moved")
+            DRAIN_STATES.apply(
+                drain, to=DrainStatus.DONE, reason=f"done: {drain.moved} replica(s) moved; {node.name} holds none",
+            )
+        return
+    if moving == 0 and queued == 0 and drain.status != DrainStatus.BLOCKED:
+        stuck = [f"{e['model']} replica {k}: {e['reason']}" for k, e in drain.replicas.items()
+                 if e["outcome"] == DrainOutcome.WAITING]
+        DRAIN_STATES.apply(
+            drain, to=DrainStatus.BLOCKED, severity=EventSeverity.ERROR,
+            reason=f"blocked: {waiting} replica(s) cannot be moved anywhere, so they keep running on {node.name} "
+            f"(each is tried again as the cluster changes): " + "; ".join(stuck),
+        )
+    elif moving and drain.status == DrainStatus.BLOCKED:
+        DRAIN_STATES.apply(drain, to=DrainStatus.RUNNING, reason="moving again: a replacement fits now")
 
 
 def drains_active():

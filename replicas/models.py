@@ -138,6 +138,9 @@ class Drain(models.Model):
     moved = models.PositiveIntegerField(default=0)
     remaining = models.PositiveIntegerField(default=0)
     log = models.JSONField(default=list, blank=True)
+    # Per replica of the node: {"<replica id>": {"model", "outcome", "reason"}}
+    # (outcomes in choices.DrainOutcome), so a person sees each one's state.
+    replicas = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -6,26 +6,35 @@ nothing depends on a task message arriving exactly once.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from nodes.choices import EventKind
+from nodes.choices import LIVE, EventKind
 from nodes.events import event_record
+from nodes.services import nodes_desired_changed
 
 from . import drain
 from .catalog import model_refresh_fit
-from .choices import PLACED, ReplicaStatus
-from .models import CatalogEntry, Replica
+from .choices import PLACED, MemberState, ReplicaStatus
+from .models import CatalogEntry, Member, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
-from .services import replica_transition, replicas_quiesce
+from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
 
 logger = logging.getLogger(__name__)
 
+# How long an agent may take to act on a desired-state change before it is told again.
+NUDGE_AFTER = dt.timedelta(seconds=15)
+
 
 def replicas_reconcile() -> None:
-    # Drains first: a drain step that marks a replica for moving makes its
+    # Replicas still placed on lost nodes (the sweep's follow-up was lost
+    # with a worker) fail first, so that their models' reconciles replace them.
+    replicas_lost_nodes_reap()
+    # Drains next: a drain step that marks a replica for moving makes its
     # model one short, and the model's reconcile creates the replacement.
     for drain_id in list(drain.drains_active()):
         drain.drain_step(drain_id=drain_id)
@@ -33,6 +42,7 @@ def replicas_reconcile() -> None:
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
     replicas_quiesce()
+    members_nudge()
     snapshot = cluster_snapshot()
     for model in CatalogEntry.objects.all():
         with transaction.atomic():
@@ -43,7 +53,7 @@ def model_reconcile(*, model_id: int) -> None:
     """Converge one model's replica count: create pending replicas, or stop
     the extra ones (pending first, then the newest)."""
     with transaction.atomic():
-        model = CatalogEntry.objects.select_for_update().filter(pk=model_id).first()
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(pk=model_id).first()
         if model is None:
             return
         counted = list(
@@ -67,3 +77,23 @@ def model_reconcile(*, model_id: int) -> None:
         if model.removing and not Replica.objects.filter(model=model).exclude(status=ReplicaStatus.STOPPED).exists():
             event_record(kind=EventKind.MODEL, subject=f"model/{model.name}", message=f"{model.name} removed from the catalog")
             model.delete()
+
+
+def members_nudge() -> list[str]:
+    """Tell again the live nodes whose agents have not acted on a change for
+    a while: a member to start that has not been reported, or one to stop
+    that still holds its GPUs. Version bumps follow commits (lock order), so
+    one lost with a process is made up for here; an agent told twice just
+    finds nothing new."""
+    before = timezone.now() - NUDGE_AFTER
+    stale = Q(replica__status=ReplicaStatus.SCHEDULED, state=MemberState.PENDING) | Q(
+        replica__status=ReplicaStatus.FAILED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=True)
+    names = sorted(set(
+        Member.objects.filter(stale, replica__status_changed_at__lt=before, node__status__in=LIVE)
+        .exclude(state=MemberState.GONE).values_list("node__name", flat=True)
+    ))
+    if names:
+        logger.info("desired state told again to %s: a change not acted on for %ss", ",".join(names),
+                    int(NUDGE_AFTER.total_seconds()))
+        nodes_desired_changed(node_names=names)
+    return names

@@ -121,21 +121,25 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
     if not items:
         return []
     with transaction.atomic():
-        locked = {
-            r.pk: r
-            for r in Replica.objects.select_for_update(of=("self",)).select_related("model")
-            .filter(pk__in=[r.pk for r, _ in items], status=ReplicaStatus.PENDING).order_by("pk")
-        }
-        items = [(locked[r.pk], p) for r, p in items if r.pk in locked]
+        # The lock order (docs/architecture.md): nodes in ascending pk, then
+        # replicas in ascending pk; only their own rows, FOR NO KEY UPDATE.
         names = sorted({m.node for _, p in items for m in p.members})
         nodes = {
             n.name: n
-            for n in Node.objects.select_for_update(of=("self",)).filter(name__in=names).order_by("pk")
+            for n in Node.objects.select_for_update(of=("self",), no_key=True).filter(name__in=names).order_by("pk")
             .prefetch_related("hcas__fabric")
         }
         for name in names:
             if name not in nodes or nodes[name].status != NodeStatus.READY:
                 raise PlacementConflict(f"node {name} is no longer ready")
+        locked = {
+            r.pk: r
+            for r in Replica.objects.select_for_update(of=("self",), no_key=True).select_related("model")
+            .filter(pk__in=[r.pk for r, _ in items], status=ReplicaStatus.PENDING).order_by("pk")
+        }
+        items = [(locked[r.pk], p) for r, p in items if r.pk in locked]
+        if not items:
+            return []
         gpu_ids = {
             (node_id, index): gpu_id
             for gpu_id, node_id, index in Gpu.objects.filter(node__name__in=names).values_list("id", "node_id", "index")
@@ -184,7 +188,7 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         }
         replicas = [replica for replica, _ in items]
         replicas_transition_scheduled(replicas=replicas, reasons=reasons)
-        nodes_desired_changed(node_names=names)
+        nodes_desired_changed(node_names=names, held=True)
     return replicas
 
 

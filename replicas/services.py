@@ -14,10 +14,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from nodes.choices import EventKind, EventSeverity
+from nodes.choices import LIVE, EventKind, EventSeverity
 from nodes.events import event_record
 from nodes.models import Node
-from nodes.services import node_desired_changed
+from nodes.services import nodes_desired_changed
 from nodes.statemachine import StateMachine
 
 from . import hooks
@@ -48,8 +48,7 @@ def replicas_quiesce() -> None:
         with transaction.atomic():
             if not Replica.objects.filter(pk=replica.pk, quiesced=False).update(quiesced=True):
                 continue
-            for node_name in replica.members.values_list("node__name", flat=True):
-                node_desired_changed(node_name=node_name)
+            nodes_desired_changed(node_names=list(replica.members.values_list("node__name", flat=True)))
             if inflight:
                 event_record(
                     kind=EventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", severity=EventSeverity.WARNING,
@@ -88,8 +87,7 @@ class ReplicaStates(StateMachine):
             reconcile_after_commit()
         if previous in PLACED and to == ReplicaStatus.FAILED:
             # Its members leave their nodes' desired state: the agents stop them.
-            for node_name in replica.members.values_list("node__name", flat=True):
-                node_desired_changed(node_name=node_name)
+            nodes_desired_changed(node_names=list(replica.members.values_list("node__name", flat=True)))
             reconcile_after_commit()
         if to == ReplicaStatus.STOPPING:
             # Routing stops now; the members stop once in-flight requests are done.
@@ -130,13 +128,24 @@ def replica_fail(*, replica_id: int, reason: str) -> Replica | None:
     )
 
 
-def member_release(*, member: Member, reason: str) -> None:
-    """The member no longer runs: free its GPUs and ports."""
-    GpuAllocation.objects.filter(member=member).delete()
+def member_release(*, member: Member, reason: str) -> int:
+    """The member no longer runs: free its GPUs and ports. Returns how many GPUs were freed."""
+    freed, _ = GpuAllocation.objects.filter(member=member).delete()
     PortAllocation.objects.filter(member=member).delete()
     member.state = MemberState.GONE
     member.save(update_fields=["state"])
     logger.info("member released replica=%s rank=%s node=%s: %s", member.replica_id, member.rank, member.node_id, reason)
+    return freed
+
+
+def _replicas_lock(replica_ids) -> dict[int, Replica]:
+    """Lock replicas in ascending pk (the lock order: docs/architecture.md),
+    only their own rows."""
+    return {
+        r.pk: r
+        for r in Replica.objects.select_for_update(of=("self",), no_key=True).select_related("model")
+        .filter(pk__in=set(replica_ids)).order_by("pk")
+    }
 
 
 def _replica_settle(replica: Replica) -> None:
@@ -176,22 +185,27 @@ def _replica_settle(replica: Replica) -> None:
 
 
 def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
-    """Apply an agent's report of its engines (inside the heartbeat's transaction)."""
+    """Apply an agent's report of its engines (inside the heartbeat's
+    transaction, which holds the node's row: node, then its members, then
+    their replicas)."""
     reported = {e["member"]: e for e in engines}
     now = timezone.now()
     touched: set[int] = set()
-    members = (
-        Member.objects.select_for_update()
+    members = list(
+        Member.objects.select_for_update(of=("self",), no_key=True)
         .filter(node=node)
         .exclude(state=MemberState.GONE)
-        .select_related("replica")
+        .order_by("pk")
     )
+    replicas = _replicas_lock(m.replica_id for m in members)
+    freed = 0
     for member in members:
+        member.replica = replicas[member.replica_id]
         engine = reported.get(member.member_id)
         if member.replica.status not in PLACED:
             # Stopping or failed: once its engine is gone, its GPUs are free.
             if engine is None or engine["state"] == "exited":
-                member_release(member=member, reason="stopped by its agent")
+                freed += member_release(member=member, reason="stopped by its agent")
                 touched.add(member.replica_id)
             continue
         if engine is None:
@@ -217,24 +231,65 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
         member.save(update_fields=[*changes, "reported_at"])
     for replica in Replica.objects.filter(pk__in=touched).select_related("model"):
         _replica_settle(replica)
+    # A member whose engine its live node reports exited holds nothing any
+    # more: once its replica has failed, its GPUs and ports are free now, not
+    # when the replica's other members (perhaps on a dead node) have stopped.
+    exited = [m for m in members if m.state == MemberState.EXITED]
+    if exited:
+        failed = set(Replica.objects.filter(pk__in={m.replica_id for m in exited}).exclude(status__in=PLACED)
+                     .values_list("pk", flat=True))
+        for member in exited:
+            if member.replica_id in failed:
+                freed += member_release(member=member, reason="its engine exited; its replica has failed")
+        for replica in Replica.objects.filter(pk__in=failed).select_related("model"):
+            _replica_settle(replica)
+    if freed:
+        # GPUs came free: a pending replacement may fit now.
+        reconcile_after_commit()
 
 
 def replicas_node_lost(*, node_name: str) -> None:
-    """A node was declared lost: every replica with a member on it fails; that
-    member's GPUs are freed now (the node runs nothing we will count on, and
-    when it returns it starts empty and stops what it still runs)."""
+    """A node is lost: every replica with a member on it fails; that member's
+    GPUs are freed now (the node runs nothing we will count on, and when it
+    returns it starts empty and stops what it still runs). Idempotent, and a
+    no-op for a node that is live again (its heartbeat ran this first)."""
     with transaction.atomic():
+        # The lock order: the node, its members, their replicas.
+        node = Node.objects.select_for_update(no_key=True).filter(name=node_name).first()
+        if node is None or node.status in LIVE:
+            return
         members = list(
-            Member.objects.select_for_update()
-            .filter(node__name=node_name)
+            Member.objects.select_for_update(of=("self",), no_key=True)
+            .filter(node=node)
             .exclude(state=MemberState.GONE)
-            .select_related("replica", "replica__model")
+            .order_by("pk")
         )
+        replicas = _replicas_lock(m.replica_id for m in members)
+        freed = 0
         for member in members:
-            replica = member.replica
-            if replica.status in PLACED:
-                replica_fail(replica_id=replica.pk, reason=f"node {node_name} was lost (rank {member.rank})")
-            member_release(member=member, reason=f"node {node_name} lost")
-        for replica in {m.replica for m in members}:
+            if replicas[member.replica_id].status in PLACED:
+                replicas[member.replica_id] = replica_fail(
+                    replica_id=member.replica_id, reason=f"node {node_name} was lost (rank {member.rank})"
+                ) or replicas[member.replica_id]
+            freed += member_release(member=member, reason=f"node {node_name} lost")
+        for replica in replicas.values():
             replica.refresh_from_db()
             _replica_settle(replica)
+        if freed:
+            reconcile_after_commit()
+
+
+def replicas_lost_nodes_reap() -> list[str]:
+    """Level-triggered follow-up of the lost-node sweep: any member still
+    held on a node that is not live (its replica still placed, or its GPUs
+    not yet freed) is dealt with as ``replicas_node_lost`` would have done.
+    The sweep's hook is the fast path; this is the one that cannot be lost
+    with a worker. Returns the nodes it found."""
+    names = sorted(set(
+        Member.objects.exclude(state=MemberState.GONE).exclude(node__status__in=LIVE)
+        .values_list("node__name", flat=True)
+    ))
+    for name in names:
+        logger.warning("node %s is lost but still holds members; failing them now", name)
+        replicas_node_lost(node_name=name)
+    return names

@@ -65,8 +65,8 @@ class DrainSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Drain
-        fields = ["id", "node", "status", "current", "moved", "remaining", "log", "started_at", "finished_at"]
-        read_only_fields = ["status", "current", "moved", "remaining", "log", "started_at", "finished_at"]
+        fields = ["id", "node", "status", "current", "moved", "remaining", "replicas", "log", "started_at", "finished_at"]
+        read_only_fields = ["status", "current", "moved", "remaining", "replicas", "log", "started_at", "finished_at"]
 
 
 class DrainCreateSerializer(serializers.Serializer):

@@ -105,7 +105,10 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
 class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = DrainSerializer
     permission_model = "replicas.drain"
-    required_permissions = {"create": ("nodes.change_node",)}  # draining is operating the node
+    # Draining, and calling a drain off, is operating the node.
+    required_permissions = {"create": ("nodes.change_node",), "cancel": ("nodes.change_node",)}
+    # Ids only, and ones the database can hold: anything else is a 404, not a 500.
+    lookup_value_regex = "[0-9]{1,18}"
 
     def get_queryset(self):
         return selectors.drain_list(node=self.request.query_params.get("node"))
@@ -116,3 +119,10 @@ class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         serializer.is_valid(raise_exception=True)
         started = drain.drain_start(node_name=serializer.validated_data["node"])
         return Response(DrainSerializer(started).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=DrainSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """End a running or blocked drain: its replicas stop moving and keep
+        running where they are; the node stays cordoned. 409 if it has ended."""
+        return Response(DrainSerializer(drain.drain_cancel(drain_id=int(pk))).data)

@@ -21,8 +21,8 @@ AGENT_TIMINGS = {
 }
 
 
-def fast_env() -> dict[str, str]:
-    env = control_plane_env(grace=GRACE, sweep=0.5)
+def fast_env(*, grace: float = GRACE) -> dict[str, str]:
+    env = control_plane_env(grace=grace, sweep=0.5)
     env.update(
         LLMGW_HEARTBEAT_INTERVAL="1",
         LLMGW_RECONCILE_INTERVAL="1",
@@ -35,20 +35,22 @@ def fast_env() -> dict[str, str]:
 
 @pytest.fixture
 def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settings):
-    """start(nodes=SEEDS_NODES) -> a SimCluster whose agents are running and registered."""
+    """start(nodes=SEEDS_NODES, grace=GRACE, **settings) -> a SimCluster whose
+    agents are running and registered; ``settings`` override the control
+    plane's environment (LLMGW_RECONCILE_INTERVAL="600", ...)."""
     from nodes.choices import NodeStatus
     from nodes.models import Node
     from pki.services import bundle_write, cert_issue_client
 
-    env = fast_env()
-    for key in ("LLMGW_NODE_GRACE", "LLMGW_ROUTING_SETTLE", "LLMGW_STOP_GRACE"):
-        setattr(settings, key, float(env[key]))
     clusters: list[SimCluster] = []
 
     def issue(name, out):
         bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
-    def start(nodes=SEEDS_NODES) -> SimCluster:
+    def start(nodes=SEEDS_NODES, *, grace: float = GRACE, **overrides: str) -> SimCluster:
+        env = {**fast_env(grace=grace), **overrides}
+        for key in ("LLMGW_NODE_GRACE", "LLMGW_ROUTING_SETTLE", "LLMGW_STOP_GRACE"):
+            setattr(settings, key, float(env[key]))
         api = agent_api_factory(workers=1, threads=8, **env)
         celery_factory("worker", **env).wait_ready()
         celery_factory("beat", **env)

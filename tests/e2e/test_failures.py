@@ -108,3 +108,32 @@ def test_drain_replacement_ready_before_original_stops(sim_cluster):
     assert not Member.objects.filter(node=node).exclude(state=MemberState.GONE).exists()
     assert not alive(original.pid)
     assert Replica.objects.filter(status=ReplicaStatus.READY).count() == 2
+
+
+def test_rebuild_on_the_survivors_does_not_wait_for_the_dead_node(sim_cluster):
+    """Three 6-GPU nodes in one fabric, a 2x4 replica, its rank-1 node killed
+    with its engines. The group breaks and the leader's engine exits on its
+    live node, which frees those GPUs at once: the replacement is ready on the
+    surviving pair long before the dead node is declared lost (a 60 s grace
+    here, so that 'before' is beyond doubt). The periodic reconcile is slowed
+    to 10 minutes: what places the replacement is the GPUs coming free, not a
+    timer that happens to run."""
+    nodes = [SimNode(f"hx{i}", f"127.0.7.{i}", gpus=6, fabric="fab-x") for i in (1, 2, 3)]
+    cluster = sim_cluster(nodes, grace=60, LLMGW_RECONCILE_INTERVAL="600")
+    catalog_apply(entries=[{"name": "wide", "engine": "sim", "model": "/m", "nodes": 2, "gpus_per_node": 4,
+                            "replicas": 1}])
+    wait_until(ready(1), timeout=60, message="the 2x4 replica ready")
+    original = Replica.objects.get(status=ReplicaStatus.READY)
+    dead = original.members.select_related("node").get(rank=1).node.name
+    survivors = {n.name for n in nodes} - {dead}
+
+    cluster.kill_node(dead)
+
+    wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).exclude(pk=original.pk).exists(),
+               timeout=40, message="the replacement ready on the surviving pair")
+    assert Node.objects.get(name=dead).status == NodeStatus.READY, "declared lost: the test proves nothing"
+    replacement = Replica.objects.exclude(pk=original.pk).get(status=ReplicaStatus.READY)
+    assert {m.node.name for m in replacement.members.select_related("node")} == survivors
+    assert Replica.objects.get(pk=original.pk).status == ReplicaStatus.FAILED  # its dead member holds on, until lost
+    used = [(m.node_id, g) for m in Member.objects.exclude(state=MemberState.GONE) for g in m.gpus]
+    assert len(used) == len(set(used))

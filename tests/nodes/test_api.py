@@ -234,6 +234,9 @@ def test_schema_is_valid_openapi_with_our_paths(client):
         "/api/v1/events/{id}/": {"get"},
         "/api/v1/certificates/": {"get"},
         "/api/v1/certificates/{serial}/": {"get"},
+        "/api/v1/drains/": {"get", "post"},
+        "/api/v1/drains/{id}/": {"get"},
+        "/api/v1/drains/{id}/cancel/": {"post"},
     }.items():
         assert path in paths, path
         assert set(paths[path]) - {"parameters"} == methods, (path, set(paths[path]))

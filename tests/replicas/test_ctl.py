@@ -81,6 +81,25 @@ def test_apply_scale_replicas_drain(ctl, tmp_path, monkeypatch):
     events = json.loads(ctl("events", "-o", "json").stdout)
     assert any(e["kind"] == "drain" for e in events)
 
+    # Called off: the drain ends, node01 stays cordoned, an Event names what ended.
+    cancelled = ctl("drain", "node01", "--cancel")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled" in cancelled.stdout and "stays cordoned" in cancelled.stdout
+    nodes = {n["name"]: n for n in json.loads(ctl("nodes", "-o", "json").stdout)}
+    assert nodes["node01"]["status"] == "cordoned"
+    events = json.loads(ctl("events", "-o", "json").stdout)
+    assert any(e["kind"] == "drain" and "ended (cancelled by an operator)" in e["message"] for e in events)
+    again = ctl("drain", "node01", "--cancel")
+    assert again.returncode == 1 and "no drain under way" in again.stderr and "cancelled" in again.stderr
+
+    # Drained again, then uncordoned: that ends the new drain too.
+    assert ctl("drain", "node01").returncode == 0
+    uncordoned = ctl("uncordon", "node01")
+    assert uncordoned.returncode == 0 and "node01 is ready" in uncordoned.stdout
+    from replicas.models import Drain
+
+    assert list(Drain.objects.filter(node__name="node01").values_list("status", flat=True)) == ["cancelled"] * 2
+
 
 def test_apply_refuses_a_malformed_catalog_and_names_the_field(ctl, tmp_path):
     path = tmp_path / "catalog.yaml"

@@ -5,7 +5,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from nodes.choices import NodeStatus
-from nodes.models import Event
+from nodes.models import Event, Node
 from nodes.services import node_transition
 from replicas import drain, reconcile, services
 from replicas.choices import MemberState, ReplicaStatus
@@ -196,3 +196,97 @@ def test_drain_blocked_when_nothing_can_take_the_replica():
     assert started.status == "blocked"
     assert any("keeps running" in line for line in started.log)
     assert Replica.objects.get(draining=True).status == ReplicaStatus.READY
+
+
+def test_reconcile_fails_a_replica_left_on_a_lost_node_whose_follow_up_never_ran(seeds_cluster):
+    """The sweep commits LOST, then its handlers fail the node's replicas; if
+    the worker dies in between, the periodic reconcile must still do it."""
+    model = CatalogEntryFactory(name="m", nodes=2, gpus_per_node=4, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get(model=model)
+    for node in seeds_cluster.values():
+        _report(node)
+        _report(node)
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.READY
+    dead = replica.members.get(rank=1).node
+    # The transition alone, as the sweep commits it, without the lost-node hooks.
+    node_transition(node_name=dead.name, to=NodeStatus.LOST, reason="test: the worker died after this commit")
+
+    reconcile.replicas_reconcile()
+
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.FAILED
+    assert f"node {dead.name} was lost" in replica.status_reason
+    # The dead node's member holds nothing any more; a replacement is placed on live nodes.
+    assert not GpuAllocation.objects.filter(member__replica=replica, node=dead).exists()
+    reconcile.replicas_reconcile()
+    replacement = Replica.objects.exclude(pk=replica.pk).get(model=model)
+    assert replacement.status == ReplicaStatus.SCHEDULED
+    assert dead.name not in _placement(replacement)
+
+
+def test_rebuild_uses_the_survivors_gpus_without_waiting_for_the_dead_node():
+    """Three 6-GPU nodes in one fabric, a 2x4 replica; its rank-1 node dies
+    with its engines. The leader's engine exits (the group broke) and its live
+    node says so: its GPUs are free at once, so the replacement is placed on
+    the surviving pair while the dead node is not yet declared lost."""
+    for i in (1, 2, 3):
+        node_with_gpus(f"hx{i}", gpus=6, fabric="fab-x", addr=f"127.0.1.{i}")
+    model = CatalogEntryFactory(name="m", nodes=2, gpus_per_node=4, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get(model=model)
+    for node in Node.objects.all():
+        _report(node)
+        _report(node)
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.READY
+    leader = replica.members.select_related("node").get(rank=0)
+    dead = replica.members.select_related("node").get(rank=1).node
+    spare = Node.objects.exclude(pk__in=[leader.node_id, dead.pk]).get()
+
+    # The dead node says nothing more; the leader's node reports its engine exited.
+    _report(leader.node, **{leader.member_id: ("exited", False)})
+
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.FAILED
+    assert not GpuAllocation.objects.filter(member__replica=replica, node=leader.node).exists()
+    assert not PortAllocation.objects.filter(member__replica=replica, node=leader.node).exists()
+    # Only the member on the unreachable node keeps its GPUs, until the node is lost.
+    assert GpuAllocation.objects.filter(member__replica=replica, node=dead).count() == 4
+    reconcile.replicas_reconcile()
+    replacement = Replica.objects.exclude(pk=replica.pk).get(model=model)
+    assert replacement.status == ReplicaStatus.SCHEDULED, replacement.pending_reason
+    assert set(_placement(replacement)) == {leader.node.name, spare.name}
+    assert Node.objects.get(pk=dead.pk).status == NodeStatus.READY  # not declared lost yet
+    used = list(GpuAllocation.objects.values_list("gpu_id", flat=True))
+    assert len(used) == len(set(used))
+
+
+def test_a_lost_node_that_returns_first_fails_what_it_held_before_being_believed(seeds_cluster):
+    """The sweep's follow-up was lost and the node heartbeats again before the
+    reconcile ran: its own heartbeat fails the replicas it held (it comes
+    back empty, as a lost node does), whatever its agent reports."""
+    from nodes.inventory import node_heartbeat_apply
+
+    model = CatalogEntryFactory(name="m", nodes=1, gpus_per_node=8, replicas=1)
+    reconcile.replicas_reconcile()
+    replica = Replica.objects.get(model=model)
+    node = replica.members.get().node
+    _report(node)
+    _report(node)
+    node_transition(node_name=node.name, to=NodeStatus.LOST, reason="test: the worker died after this commit")
+    member = replica.members.get()
+    engines = [{"member": member.member_id, "replica": str(replica.pk), "rank": 0, "state": "running", "pid": 4242,
+                "exit_code": None, "healthy": True, "log_tail": []}]
+
+    back = node_heartbeat_apply(node_name=node.name, inventory={"gpus": [], "fabrics": [], "hcas": []} | {
+        k: getattr(node, k) for k in ("mgmt_addr", "mgmt_interface", "agent_version", "discovery_errors")},
+        inventory_hash=node.inventory_hash, engines=engines)
+
+    assert back.status == NodeStatus.READY
+    replica.refresh_from_db()
+    assert replica.status == ReplicaStatus.STOPPED  # failed, and its one member reaped
+    assert Event.objects.filter(subject=f"replica/{replica.pk}", data__to="failed",
+                                message__contains=f"node {node.name} was lost").exists()
+    assert not GpuAllocation.objects.filter(member__replica=replica).exists()

@@ -14,7 +14,7 @@ from nodes.choices import EventKind, EventSeverity
 from nodes.exceptions import InvalidTransition
 from nodes.models import Event
 from replicas import hooks
-from replicas.choices import DRAIN_ACTIVE, DRAIN_TRANSITIONS, REPLICA_TRANSITIONS, DrainStatus, ReplicaStatus
+from replicas.choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, REPLICA_TRANSITIONS, DrainStatus, ReplicaStatus
 from replicas.drain import DRAIN_STATES
 from replicas.exceptions import InvalidDrainTransition, InvalidReplicaTransition
 from replicas.models import Drain, Replica
@@ -66,7 +66,12 @@ def test_the_tables_cover_every_status():
             assert targets <= set(values)
     assert REPLICA_TRANSITIONS[ReplicaStatus.STOPPED] == set()
     assert DRAIN_TRANSITIONS[DrainStatus.DONE] == set()
+    # An ended drain never resumes, whichever way it ended; an active one can be called off.
+    assert DRAIN_TRANSITIONS[DrainStatus.CANCELLED] == set()
     assert DRAIN_ACTIVE == {DrainStatus.RUNNING, DrainStatus.BLOCKED}
+    assert DRAIN_ENDED == set(DrainStatus.values) - DRAIN_ACTIVE
+    for status in DRAIN_ACTIVE:
+        assert DrainStatus.CANCELLED in DRAIN_TRANSITIONS[status]
     assert len(REPLICA_ALLOWED) + len(REPLICA_DISALLOWED) == len(ReplicaStatus.values) ** 2
     assert len(DRAIN_ALLOWED) + len(DRAIN_DISALLOWED) == len(DrainStatus.values) ** 2
 
@@ -167,7 +172,7 @@ def test_allowed_drain_transition_changes_status_and_writes_an_event(start, to):
     assert drain.status == to
     assert timezone.now() - drain.status_changed_at < timezone.timedelta(seconds=30)
     assert drain.log[0] == "before" and drain.log[-1].endswith(" because a test said so")
-    assert (drain.finished_at is not None) == (to == DrainStatus.DONE)
+    assert (drain.finished_at is not None) == (to in DRAIN_ENDED)
     event = Event.objects.get(kind=EventKind.DRAIN)
     assert (event.subject, event.message, event.severity) == ("node/node01", "drain: because a test said so", "warning")
     assert event.data == {"from": start, "to": to}

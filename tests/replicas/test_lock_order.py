@@ -1,0 +1,190 @@
+"""The lock order (docs/architecture.md) under load: heartbeats carrying
+member reports (some of which fail replicas), nodes declared lost and coming
+back, reconciles, drains started, cancelled and ended by uncordon, and
+scaling, all at once from several threads, each with its own PostgreSQL
+connection, for a bounded while. Nothing may deadlock or raise anything but
+a refusal a person would get (a drain of a lost node), and no invariant may
+break: no GPU or port allocated twice, no member on a GPU another holds."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import traceback
+from collections import Counter, defaultdict
+
+import pytest
+from django.db import close_old_connections, connection
+
+from nodes.choices import NodeStatus
+from nodes.exceptions import InvalidTransition
+from nodes.heartbeat import node_heartbeat
+from nodes.models import Node
+from nodes.services import node_transition, node_uncordon
+from replicas import drain, reconcile, services
+from replicas.catalog import catalog_apply, model_scale
+from replicas.choices import PLACED, MemberState
+from replicas.models import Drain, GpuAllocation, Member, PortAllocation
+from replicas.services import member_wanted
+from tests.control_plane import heartbeat_payload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECONDS = float(os.environ.get("LLMGW_LOCK_ORDER_SECONDS", "20"))
+NODES = [f"node{i:02d}" for i in range(1, 7)]
+
+
+@pytest.fixture(autouse=True)
+def _no_celery(monkeypatch, settings):
+    """The reconcile runs in a thread of its own here, not through a worker."""
+    from replicas import tasks
+
+    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
+    settings.LLMGW_ROUTING_SETTLE = 0
+    settings.LLMGW_STOP_GRACE = 0
+
+
+class Load:
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.refusals: Counter = Counter()
+        self.done: Counter = Counter()
+        self.payloads = {name: heartbeat_payload(name, gpus=8) for name in NODES}
+
+    def run(self, name: str, step) -> threading.Thread:
+        def loop():
+            rng = random.Random(name)
+            try:
+                while not self.stop.is_set():
+                    try:
+                        step(rng)
+                        self.done[name] += 1
+                    except InvalidTransition as exc:  # a refusal an operator would get: not a fault
+                        self.refusals[type(exc).__name__] += 1
+                    except Exception:
+                        self.errors.append(f"{name}: {traceback.format_exc()}")
+                        close_old_connections()
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def heartbeat(self, node: str, rng: random.Random) -> None:
+        """What the node's agent would say: its wanted members running and
+        healthy, now and then one exited (its replica fails)."""
+        engines = []
+        for member in Member.objects.filter(node__name=node).exclude(state=MemberState.GONE).select_related("replica"):
+            if not member_wanted(member.replica):
+                continue  # its agent stopped it
+            exited = rng.random() < 0.02
+            engines.append({
+                "member": member.member_id, "replica": str(member.replica_id), "rank": member.rank,
+                "state": "exited" if exited else "running", "pid": 1000 + member.pk,
+                "exit_code": 1 if exited else None, "healthy": not exited,
+                "log_tail": ["NCCL error: remote process exited"] if exited else [],
+            })
+        node_heartbeat(node_name=node, payload={**self.payloads[node], "engines": engines})
+
+
+def test_heartbeats_reconciles_and_drains_do_not_deadlock():
+    load = Load()
+    for name in NODES:
+        node_heartbeat(node_name=name, payload=load.payloads[name])
+    assert Node.objects.filter(status=NodeStatus.READY).count() == len(NODES)
+    catalog_apply(entries=[
+        {"name": "pair", "engine": "sim", "model": "/m/pair", "nodes": 2, "gpus_per_node": 4, "replicas": 2},
+        {"name": "single", "engine": "sim", "model": "/m/single", "nodes": 1, "gpus_per_node": 2, "replicas": 3},
+    ])
+    reconcile.replicas_reconcile()
+
+    def heartbeats(nodes):
+        def step(rng):
+            for node in nodes:
+                load.heartbeat(node, rng)
+        return step
+
+    def reconciles(rng):
+        reconcile.replicas_reconcile()
+
+    def drains(rng):
+        node = rng.choice(NODES)
+        status = Node.objects.get(name=node).status
+        if status == NodeStatus.DRAINED:
+            node_uncordon(node_name=node)
+            return
+        started = drain.drain_start(node_name=node)
+        time.sleep(rng.uniform(0.05, 0.4))
+        drain.drain_step(drain_id=started.pk)
+        ending = rng.random()
+        if ending < 0.35:
+            drain.drain_cancel(drain_id=started.pk)
+            node_uncordon(node_name=node)
+        elif ending < 0.7:
+            node_uncordon(node_name=node)
+
+    def lost_and_back(rng):
+        # The sweep's two steps; the node's next heartbeat brings it back.
+        node = rng.choice(NODES)
+        if node_transition(node_name=node, to=NodeStatus.LOST, expected=NodeStatus.READY, reason="test") is not None:
+            if rng.random() < 0.5:  # else: the follow-up was lost, the reconcile does it
+                services.replicas_node_lost(node_name=node)
+        time.sleep(rng.uniform(0.5, 1.5))
+
+    def scaling(rng):
+        model_scale(name=rng.choice(["pair", "single"]), replicas=rng.randint(1, 3))
+        time.sleep(rng.uniform(0.2, 0.8))
+
+    threads = [
+        load.run("heartbeats-a", heartbeats(NODES[0::3])),
+        load.run("heartbeats-b", heartbeats(NODES[1::3])),
+        load.run("heartbeats-c", heartbeats(NODES[2::3])),
+        load.run("reconcile-1", reconciles),
+        load.run("reconcile-2", reconciles),
+        load.run("drains", drains),
+        load.run("lost", lost_and_back),
+        load.run("scaling", scaling),
+    ]
+    time.sleep(SECONDS)
+    load.stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), f"{thread.name} is stuck"
+
+    if load.errors:
+        kinds = Counter(e.strip().splitlines()[-1][:200] for e in load.errors)
+        contexts = Counter(line.strip() for e in load.errors for line in e.splitlines() if "CONTEXT" in line)
+        pytest.fail(f"{len(load.errors)} error(s): {dict(kinds)}; {dict(contexts)}; the first:\n{load.errors[0]}")
+    for thread in threads:
+        assert load.done[thread.name] > 0, f"{thread.name} never completed a step ({dict(load.done)})"
+
+    # Settle: every node heard again, the reconcile run twice.
+    for name in NODES:
+        load.heartbeat(name, random.Random(0))
+    reconcile.replicas_reconcile()
+    reconcile.replicas_reconcile()
+    _assert_invariants()
+
+
+def _assert_invariants():
+    gpus = list(GpuAllocation.objects.values_list("gpu_id", flat=True))
+    assert len(gpus) == len(set(gpus)), "a GPU allocated twice"
+    ports = list(PortAllocation.objects.values_list("node_id", "port"))
+    assert len(ports) == len(set(ports)), "a port allocated twice"
+    held = defaultdict(list)
+    for member in Member.objects.exclude(state=MemberState.GONE).select_related("node"):
+        for index in member.gpus:
+            held[(member.node.name, index)].append(member.member_id)
+        allocated = sorted(GpuAllocation.objects.filter(member=member).values_list("gpu__index", flat=True))
+        assert allocated == sorted(member.gpus), f"{member.member_id}: allocations {allocated} != {member.gpus}"
+    shared = {k: v for k, v in held.items() if len(v) > 1}
+    assert not shared, f"GPUs held by two members: {shared}"
+    assert not Member.objects.filter(replica__status__in=PLACED, node__status=NodeStatus.LOST).exclude(
+        state=MemberState.GONE).exists(), "a placed replica left on a lost node"
+    active = Counter(Drain.objects.filter(status__in=["running", "blocked"]).values_list("node_id", flat=True))
+    assert all(count == 1 for count in active.values())
