@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from agent.protocol import API_PREFIX
 from pki.authn import identity_from_der
@@ -63,9 +64,12 @@ def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> P
         return None
     node = match["node"]
     peer = identity_from_der(peer_der)
-    if peer.common_name != node or peer.serial in revoked_serials.get():
-        return None
-    current = Node.objects.filter(name=node).values_list("desired_version", flat=True).first()
+    try:
+        if peer.common_name != node or peer.serial in revoked_serials.get():
+            return None
+        current = Node.objects.filter(name=node).values_list("desired_version", flat=True).first()
+    except DatabaseError:
+        return None  # the database is away: the view answers 503 at once
     if current is None or current != version:
         return None
     return Parkable(node=node, version=version, wait=wait)
