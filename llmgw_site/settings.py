@@ -132,8 +132,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("LLMGW_DB_CONN_MAX_AGE", default=600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Connections each process may hold (docs/production.md counts them). The
+    # agent API answers from many threads, few of which need the database at
+    # once: they share a small pool (psycopg_pool) instead of holding one
+    # connection each. 0: no pool, each thread keeps its own connection for
+    # LLMGW_DB_CONN_MAX_AGE seconds (the worker's threads or children, beat, web).
+    LLMGW_DB_POOL_MAX = env.int("LLMGW_DB_POOL_MAX", default=4 if ROLE == "agent-api" else 0)
+    if LLMGW_DB_POOL_MAX > 0:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django returns the connection to the pool after each request
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": LLMGW_DB_POOL_MAX,
+            # How long a request waits for a connection before answering 503.
+            "timeout": env.float("LLMGW_DB_POOL_TIMEOUT", default=5.0),
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = env.int("LLMGW_DB_CONN_MAX_AGE", default=600)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
