@@ -23,8 +23,6 @@ import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from .choices import EventKind, EventSeverity
-from .events import event_record
-from .models import ControlPlaneClock, Event
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +142,9 @@ class Dependency:
 def outage_record(*, dependency: str, outage: _Outage) -> None:
     """One Event per outage for the whole cluster: every process that saw it
     reports it, the first to get here writes it."""
+    from .events import event_record
+    from .models import ControlPlaneClock, Event
+
     subject = f"dependency/{dependency}"
     with transaction.atomic():
         ControlPlaneClock.objects.select_for_update().get_or_create(pk=1)
