@@ -48,12 +48,12 @@ def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settin
     def issue(name, out):
         bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
-    def start(nodes=SEEDS_NODES) -> SimCluster:
+    def start(nodes=SEEDS_NODES, agent_timings=None) -> SimCluster:
         api = agent_api_factory(workers=1, threads=8, **env)
         celery_factory("worker", **env).wait_ready()
         celery_factory("beat", **env)
         cluster = SimCluster(base=tmp_path / "sim", env=server_env(**env), agent_url=api.url,
-                             agent_timings=AGENT_TIMINGS)
+                             agent_timings={**AGENT_TIMINGS, **(agent_timings or {})})
         cluster.base.mkdir(parents=True, exist_ok=True)
         cluster.api = api
         clusters.append(cluster)
