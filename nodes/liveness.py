@@ -247,7 +247,7 @@ class RedisLiveness:
         heartbeats it hears cannot be written."""
         feed = self.feed
         if feed is not None and feed.writes_failing:
-            return
+            raise redis.ConnectionError("heartbeats cannot be written to Redis: not marking the agent API alive")
         try:
             self.client.set(LISTENER_KEY, repr(at), ex=3600)
         except redis.RedisError as exc:

@@ -95,9 +95,17 @@ class Dependency:
         return self.down_since is not None
 
     def worth_trying(self) -> bool:
-        """False while it is known to be away and was tried less than
-        ``TRY_EVERY`` ago: answer from what we know rather than wait for it."""
-        return self.down_since is None or time.monotonic() >= self._next_try
+        """While it is known to be away, True for one caller per ``TRY_EVERY``
+        (the others answer from what they know rather than each wait for a
+        timeout); always True while it is up."""
+        if self.down_since is None:
+            return True
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_try:
+                return False
+            self._next_try = now + TRY_EVERY
+            return True
 
     def failed(self, exc: BaseException) -> None:
         with self._lock:
@@ -204,16 +212,29 @@ def database_watch_start() -> None:
 def _database_watch() -> None:
     while True:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            database_dependency.recovered()
-            redis_dependency.flush()  # an outage of Redis seen while the database was away too
+            _database_probe()
         except DatabaseError as exc:
             database_dependency.failed(exc)
-        finally:
-            # Back to the pool, or closed if broken: the next probe connects afresh.
-            if connection.settings_dict.get("OPTIONS", {}).get("pool"):
-                connection.close()
-            else:
-                connection.close_if_unusable_or_obsolete()
+        else:
+            database_dependency.recovered()
+            redis_dependency.flush()  # an outage of Redis seen while the database was away too
         time.sleep(TRY_EVERY)
+
+
+def _database_probe() -> None:
+    """SELECT 1 on the database. With a pool, on a connection of its own: a
+    pool whose connections failed retries with a backoff of up to a minute,
+    so once the database answers here the pool is made anew at once."""
+    if not connection.settings_dict.get("OPTIONS", {}).get("pool"):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        finally:
+            connection.close_if_unusable_or_obsolete()
+        return
+    params = {**connection.get_connection_params(), "connect_timeout": 2}
+    with connection.wrap_database_errors:
+        with connection.Database.connect(**params) as direct:
+            direct.execute("SELECT 1")
+    if database_dependency.down:
+        connection.close_pool()

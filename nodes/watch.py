@@ -26,6 +26,7 @@ from agent.protocol import API_PREFIX
 from pki.authn import identity_from_der
 from pki.selectors import revoked_serials
 
+from . import outages
 from .models import Node
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> P
         return None
     node = match["node"]
     peer = identity_from_der(peer_der)
+    if not outages.database_dependency.worth_trying():
+        return None  # known to be away: the view answers 503 at once
     try:
         if peer.common_name != node or peer.serial in revoked_serials.get():
             return None

@@ -11,7 +11,7 @@ import logging
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError
+from django.db import DatabaseError, OperationalError
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -157,6 +157,8 @@ def desired(request, node_id: str):
     if refusal is not None:
         return refusal
     try:
+        if not outages.database_dependency.worth_trying():
+            raise OperationalError(f"the database is unreachable ({outages.database_dependency.cause})")
         version = Node.objects.filter(name=node_id).values_list("desired_version", flat=True).first()
         if version is None:
             return _error(404, f"node {node_id} has not registered yet: send a heartbeat first")

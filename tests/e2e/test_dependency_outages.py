@@ -38,7 +38,7 @@ def manage(env: dict[str, str], code: str) -> str:
     done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip()
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""  # after the shell's own notices
 
 
 class OperatorProbe:
