@@ -184,6 +184,8 @@ else:
     # acks_late tasks must finish well inside the visibility timeout, or Redis
     # hands them to a second worker.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        CELERY_BROKER_TRANSPORT = "llmgw_site.broker:Transport"  # a worker survives Redis going away
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
