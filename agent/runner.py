@@ -297,7 +297,10 @@ class Agent:
                 self.connected.clear()
                 self.report_now.set()  # let the heartbeat find out what is wrong, and log it
                 backoff.ceiling = self.reconnect.value
-                self.stopping.wait(backoff.next())
+                if isinstance(exc, Unavailable) and exc.retry_after:
+                    self.stopping.wait(min(exc.retry_after, self.reconnect.value))
+                else:
+                    self.stopping.wait(backoff.next())
                 continue
             if missing_logged:
                 logger.info("the control plane now answers the desired-state long-poll")
