@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,16 +112,3 @@ def own_services():
         redis_server.stop()
         postgres.remove()
 
-
-def wait_gone(port: int, timeout: float = 15.0) -> None:
-    """Until nothing listens on the port any more."""
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                time.sleep(0.1)
-        except OSError:
-            return
-    raise TimeoutError(f"something still listens on 127.0.0.1:{port}")
