@@ -4,7 +4,8 @@ Two calls: the heartbeat (``POST .../heartbeat``, answered with the desired
 state) and the desired-state long-poll (``GET .../desired?version=N&wait=S``).
 Each runs on its own connection, so a long-poll waiting on the server never
 delays a heartbeat. Failures become one of a few exceptions the caller can
-act on: back off (unreachable, 5xx), slow down to the slowest rate (403 and
+act on: back off (unreachable, 5xx), try again soon (503: the control
+plane is up but one of its dependencies is not), slow down to the slowest rate (403 and
 other refusals that will not fix themselves), or stop using the long-poll
 (a control plane that does not have it yet).
 """
@@ -36,6 +37,18 @@ class Unreachable(ControlPlaneError):
 
 class ServerError(ControlPlaneError):
     kind = "server error"
+
+
+class Unavailable(ServerError):
+    """503: the control plane is up but cannot reach its database or Redis.
+    Not this node's fault and not a reason to back off further."""
+
+    kind = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, dependency: str = "") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.dependency = dependency
 
 
 class Refused(ControlPlaneError):
@@ -122,6 +135,10 @@ class ControlPlaneClient:
         if status < 400:
             return
         message = _error_message(response)
+        if status == 503:
+            raise Unavailable(
+                f"{status}: {message}", retry_after=_retry_after(response), dependency=_dependency(response)
+            )
         if status >= 500:
             raise ServerError(f"{status}: {message}")
         if status == 403:
@@ -147,6 +164,23 @@ def _error_message(response: httpx.Response) -> str:
     except ValueError:
         pass
     return response.text.strip()[:300] or response.reason_phrase
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Retry-After in seconds; the HTTP-date form is not used by the agent API."""
+    try:
+        value = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _dependency(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("dependency") or "") if isinstance(body, dict) else ""
 
 
 def _transport_reason(exc: httpx.TransportError) -> str:
@@ -198,6 +232,8 @@ class LinkLog:
         # Unreachable for one reason or another is one state; a refusal that
         # changes its message is news.
         detail = str(error) if isinstance(error, (Refused, Rejected, NoLongPoll)) else ""
+        if isinstance(error, Unavailable):
+            detail = error.dependency
         state = (error.kind, detail)
         if state == self.state:
             logger.debug("control plane still %s (attempt %d): %s", error.kind, self.failures, error)
@@ -210,6 +246,11 @@ class LinkLog:
             )
         elif isinstance(error, Rejected):
             logger.error("control plane rejected the heartbeat: %s -- retrying every %.0fs", error, retry_in)
+        elif isinstance(error, Unavailable):
+            logger.warning(
+                "control plane at %s is up but cannot serve this request: %s -- retrying every %.1fs; "
+                "engines keep running", self.server, error, retry_in,
+            )
         else:
             logger.warning(
                 "control plane %s at %s: %s -- retrying with backoff; engines keep running",

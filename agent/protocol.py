@@ -16,6 +16,11 @@ keep one open at all times. An agent that gets the same version back sooner
 than S should pause a moment before asking again (a server without parking
 answers at once).
 
+A control plane that is up but cannot reach one of its own dependencies
+(its database, its Redis) answers 503 with a ``Retry-After`` header and a JSON
+``{"error": ..., "dependency": ...}``: the agent tries again after that many
+seconds (at most its heartbeat interval), without backing off further.
+
 Either side may be newer than the other: a reader keeps the fields it knows
 and ignores the rest (``from_dict``), so adding a field never breaks an older
 agent or control plane. Removing or renaming one does: that is a new
@@ -174,6 +179,11 @@ class HeartbeatReply:
     status: str
     heartbeat_interval: float
     desired: DesiredState
+    # The longest the agent may wait between two attempts while it cannot
+    # get through (its backoff cap), so that once the control plane hears
+    # again every node reaches it within its grace period. 0: not said (an
+    # older control plane); the agent keeps its configured reconnect_max.
+    reconnect_max: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HeartbeatReply":

@@ -15,14 +15,16 @@ the control plane says otherwise, what runs keeps running.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import __version__
 from .client import (
-    Backoff, ControlPlaneClient, ControlPlaneError, LinkLog, NoLongPoll, Refused, Rejected,
+    Backoff, ControlPlaneClient, ControlPlaneError, LinkLog, NoLongPoll, Refused, Rejected, Unavailable,
 )
 from .config import AgentConfig
 from .discovery import Inventory, discover
@@ -36,6 +38,41 @@ LONG_POLL_WAIT = 25.0
 LONG_POLL_RETRY_WITHOUT_ENDPOINT = 60.0
 REDISCOVER_EVERY = 60.0
 MIN_HEARTBEAT_GAP = 0.1  # a flapping engine must not turn into a heartbeat storm
+# What the control plane last told this agent, kept across restarts: an agent
+# restarted while the control plane is away still backs off no longer than
+# the control plane expects.
+TOLD_FILE = "control-plane.json"
+
+
+class ReconnectCap:
+    """The backoff cap in force: the configured ``reconnect_max``, or the
+    shorter one the control plane asked for (it declares a node lost after a
+    grace period, so an agent must retry within it once it is back)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.configured = config.reconnect_max
+        self.path = Path(config.supervisor.work_dir) / TOLD_FILE
+        self.told = 0.0
+        try:
+            self.told = float(json.loads(self.path.read_text()).get("reconnect_max", 0.0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+
+    @property
+    def value(self) -> float:
+        return min(self.configured, self.told) if self.told > 0 else self.configured
+
+    def tell(self, reconnect_max: float) -> None:
+        if reconnect_max <= 0 or reconnect_max == self.told:
+            return
+        before = self.value
+        self.told = reconnect_max
+        if self.value != before:
+            logger.info("the control plane asks for retries at least every %.1fs while it is away", self.value)
+        try:
+            self.path.write_text(json.dumps({"reconnect_max": reconnect_max}))
+        except OSError as exc:
+            logger.warning("cannot keep the control plane's reconnect_max in %s: %s", self.path, exc)
 
 
 class DesiredHolder:
@@ -101,6 +138,7 @@ class Agent:
         self.desired = DesiredHolder()
         self.inventory: Inventory = discover(config)
         self.link = LinkLog(config.server)
+        self.reconnect = ReconnectCap(config)
         self.report_now = threading.Event()
         self.connected = threading.Event()
         self.stopping = threading.Event()
@@ -185,8 +223,12 @@ class Agent:
         )
         return heartbeat, snapshot
 
+    def _backoff(self) -> Backoff:
+        cap = self.reconnect.value
+        return Backoff(min(self.config.reconnect_base, cap), cap)
+
     def _heartbeat_loop(self) -> None:
-        backoff = Backoff(self.config.reconnect_base, self.config.reconnect_max)
+        backoff = self._backoff()
         interval = self.config.heartbeat_interval
         while not self.stopping.is_set():
             self.report_now.clear()
@@ -202,8 +244,18 @@ class Agent:
                 self.link.failed(exc, retry_in=self.config.reconnect_max)
                 self.stopping.wait(self.config.reconnect_max)
                 continue
+            except Unavailable as exc:
+                # Reachable, but its database or Redis is not: nothing is
+                # wrong with the link, so no backoff; try again when it says,
+                # never slower than a heartbeat interval.
+                self.connected.clear()
+                delay = min(interval, exc.retry_after) if exc.retry_after else interval
+                self.link.failed(exc, retry_in=delay)
+                self.stopping.wait(max(MIN_HEARTBEAT_GAP, delay))
+                continue
             except ControlPlaneError as exc:
                 self.connected.clear()
+                backoff.ceiling = self.reconnect.value
                 delay = backoff.next()
                 self.link.failed(exc, retry_in=delay)
                 self.stopping.wait(delay)
@@ -217,6 +269,7 @@ class Agent:
             # configured either.
             if reply.heartbeat_interval > 0:
                 interval = min(self.config.heartbeat_interval, reply.heartbeat_interval)
+            self.reconnect.tell(reply.reconnect_max)
             self.desired.offer(reply.desired, asked_with=asked_with)
             self.report_now.wait(max(0.0, interval - (time.monotonic() - started)))
             self.stopping.wait(MIN_HEARTBEAT_GAP)
@@ -224,7 +277,7 @@ class Agent:
     # --- desired-state long-poll -------------------------------------------------------
 
     def _long_poll_loop(self) -> None:
-        backoff = Backoff(self.config.reconnect_base, self.config.reconnect_max)
+        backoff = self._backoff()
         missing_logged = False
         while not self.stopping.is_set():
             # While the heartbeat cannot get through, it owns the retrying.
@@ -243,7 +296,11 @@ class Agent:
                 logger.debug("long-poll failed: %s", exc)
                 self.connected.clear()
                 self.report_now.set()  # let the heartbeat find out what is wrong, and log it
-                self.stopping.wait(backoff.next())
+                backoff.ceiling = self.reconnect.value
+                if isinstance(exc, Unavailable) and exc.retry_after:
+                    self.stopping.wait(min(exc.retry_after, self.reconnect.value))
+                else:
+                    self.stopping.wait(backoff.next())
                 continue
             if missing_logged:
                 logger.info("the control plane now answers the desired-state long-poll")

@@ -60,8 +60,14 @@ def setup_django(data_dir: str | None = None) -> None:
         os.environ["LLMGW_DATA_DIR"] = str(Path(data_dir).resolve())
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
     import django
+    from django.core.exceptions import ImproperlyConfigured
 
-    django.setup()
+    try:
+        django.setup()
+    except ImproperlyConfigured as exc:
+        # Settings that cannot work together (llmgw_site/settings.py says
+        # which): refuse before starting anything, in words, not a traceback.
+        raise SystemExit(f"llmgw: {exc}") from None
 
 
 def ensure_migrated(verbosity: int = 0) -> None:

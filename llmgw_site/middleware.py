@@ -2,7 +2,11 @@
 
 from urllib.parse import unquote_to_bytes
 
-from django.http import HttpResponseBadRequest, JsonResponse
+from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
+
+from django.utils.deprecation import MiddlewareMixin
+
+from nodes import outages
 
 
 class RejectNulMiddleware:
@@ -21,3 +25,23 @@ class RejectNulMiddleware:
                     return JsonResponse({"detail": message}, status=400)
                 return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
         return self.get_response(request)
+
+
+class DependencyUnavailableMiddleware(MiddlewareMixin):
+    """A page or view that met a dependency away (the database, Redis)
+    answers 503 with Retry-After saying which, not a 500. The operator API
+    answers the same through its exception handler (llmgw_site/api.py).
+    A hook only (no __call__ of its own): it costs nothing on the way in."""
+
+    def process_exception(self, request, exception):
+        dependency = outages.unavailable(exception)
+        if dependency is None:
+            return None
+        outages.DEPENDENCIES[dependency].failed(exception)
+        message = outages.unavailable_message(dependency, exception)
+        if request.path_info.startswith("/api/"):
+            response = JsonResponse({"detail": message, "dependency": dependency}, status=503)
+        else:
+            response = HttpResponse(message, status=503, content_type="text/plain; charset=utf-8")
+        response["Retry-After"] = str(outages.RETRY_AFTER)
+        return response

@@ -96,6 +96,7 @@ else:
     MIDDLEWARE = [
         "django.middleware.security.SecurityMiddleware",
         "llmgw_site.middleware.RejectNulMiddleware",
+        "llmgw_site.middleware.DependencyUnavailableMiddleware",
         "django.contrib.sessions.middleware.SessionMiddleware",
         "django.middleware.common.CommonMiddleware",
         "django.middleware.csrf.CsrfViewMiddleware",
@@ -136,8 +137,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("LLMGW_DB_CONN_MAX_AGE", default=600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Connections each process may hold (docs/production.md counts them). The
+    # agent API answers from many threads, few of which need the database at
+    # once: they share a small pool (psycopg_pool) instead of holding one
+    # connection each. 0: no pool, each thread keeps its own connection for
+    # LLMGW_DB_CONN_MAX_AGE seconds (the worker's threads or children, beat, web).
+    LLMGW_DB_POOL_MAX = env.int("LLMGW_DB_POOL_MAX", default=4 if ROLE == "agent-api" else 0)
+    if LLMGW_DB_POOL_MAX > 0:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django returns the connection to the pool after each request
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": LLMGW_DB_POOL_MAX,
+            # How long a request waits for a connection before answering 503.
+            "timeout": env.float("LLMGW_DB_POOL_TIMEOUT", default=5.0),
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = env.int("LLMGW_DB_CONN_MAX_AGE", default=600)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -175,6 +191,8 @@ else:
     # acks_late tasks must finish well inside the visibility timeout, or Redis
     # hands them to a second worker.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        CELERY_BROKER_TRANSPORT = "llmgw_site.broker:Transport"  # a worker survives Redis going away
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -209,6 +227,11 @@ LLMGW_DEAF_AFTER = env.float("LLMGW_DEAF_AFTER", default=max(5.0, 3 * LLMGW_SWEE
 # More than this fraction of live nodes silent at once (and at least two) looks
 # like the control plane's own network: failovers are held. 1 disables.
 LLMGW_MASS_SILENCE_FRACTION = env.float("LLMGW_MASS_SILENCE_FRACTION", default=0.5)
+# The backoff cap the agents are told (``HeartbeatReply.reconnect_max``): once
+# the control plane hears again after an outage, every agent retries within
+# it. 0 (the default): as long as fits the grace period, grace minus one
+# heartbeat interval, at most 30 s.
+LLMGW_AGENT_RECONNECT_MAX = env.float("LLMGW_AGENT_RECONNECT_MAX", default=0.0)
 LLMGW_MAX_HEARTBEAT_BYTES = env.int("LLMGW_MAX_HEARTBEAT_BYTES", default=256 * 1024)
 LLMGW_REVOCATION_CACHE_SECONDS = env.float("LLMGW_REVOCATION_CACHE_SECONDS", default=1.0)
 LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)
@@ -317,3 +340,46 @@ LLMGW_PROVISION_LEASE = env.float("LLMGW_PROVISION_LEASE", default=300.0)
 # A job whose next advance is this late is enqueued again by the sweep.
 LLMGW_PROVISION_STALL_GRACE = env.float("LLMGW_PROVISION_STALL_GRACE", default=30.0)
 LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)
+
+# --- settings that must work together ------------------------------------------
+
+
+def _timing_problems() -> list[str]:
+    grace, interval, sweep = LLMGW_NODE_GRACE, LLMGW_HEARTBEAT_INTERVAL, LLMGW_SWEEP_INTERVAL
+    problems = []
+    for name, value in (("LLMGW_HEARTBEAT_INTERVAL", interval), ("LLMGW_SWEEP_INTERVAL", sweep),
+                        ("LLMGW_NODE_GRACE", grace), ("LLMGW_DEAF_AFTER", LLMGW_DEAF_AFTER)):
+        if value <= 0:
+            problems.append(f"{name}={value:g} must be more than 0 seconds")
+    if problems:
+        return problems
+    if grace < 2 * interval:
+        problems.append(
+            f"LLMGW_NODE_GRACE={grace:g} is shorter than two heartbeat intervals "
+            f"(LLMGW_HEARTBEAT_INTERVAL={interval:g}): a node missing one heartbeat would be declared lost. "
+            f"Make the grace at least {2 * interval:g}s or the interval at most {grace / 2:g}s"
+        )
+    if LLMGW_DEAF_AFTER < max(2.0, 2 * sweep):
+        problems.append(
+            f"LLMGW_DEAF_AFTER={LLMGW_DEAF_AFTER:g} is shorter than two sweeps (LLMGW_SWEEP_INTERVAL={sweep:g}) "
+            "or 2s: every ordinary gap between sweeps would look like an outage of the control plane and "
+            f"give every node a fresh grace period, so none would ever be declared lost. Make it at least "
+            f"{max(2.0, 2 * sweep):g}s"
+        )
+    reconnect = LLMGW_AGENT_RECONNECT_MAX
+    if reconnect < 0:
+        problems.append(f"LLMGW_AGENT_RECONNECT_MAX={reconnect:g} must be 0 (derived) or more")
+    elif reconnect and reconnect + interval > grace:
+        problems.append(
+            f"LLMGW_AGENT_RECONNECT_MAX={reconnect:g} plus a heartbeat interval ({interval:g}s) is longer than "
+            f"LLMGW_NODE_GRACE={grace:g}: an agent backing off after a network blip, or after the control "
+            "plane's own outage, could retry only after its node was declared lost. Make it at most "
+            f"{grace - interval:g}s, or leave it unset"
+        )
+    return problems
+
+
+if _timing_problems():
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("settings that cannot work together:\n  - " + "\n  - ".join(_timing_problems()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import redis
 from django.conf import settings
 from django.db import transaction
 
@@ -15,11 +16,34 @@ from .events import event_record
 from .models import ControlPlaneClock
 
 
+def agent_reconnect_max() -> float:
+    """The backoff cap the agents are told: they retry at least this often
+    while the control plane is away, so that once it hears again each one
+    is back within its grace period."""
+    if settings.LLMGW_AGENT_RECONNECT_MAX > 0:
+        return settings.LLMGW_AGENT_RECONNECT_MAX
+    grace, interval = settings.LLMGW_NODE_GRACE, settings.LLMGW_HEARTBEAT_INTERVAL
+    return min(30.0, max(grace - interval, grace / 2))
+
+
+def post_outage_grace() -> float:
+    """How long after the control plane hears again a node may stay silent:
+    its agent's next attempt can be up to a backoff cap away, and then it
+    needs a heartbeat interval to be heard."""
+    return max(settings.LLMGW_NODE_GRACE, agent_reconnect_max() + settings.LLMGW_HEARTBEAT_INTERVAL)
+
+
 def control_plane_clock_update(*, now: dt.datetime) -> dt.datetime | None:
     """Advance the control plane's own clock of hearing; return the moment from
     which nodes can be blamed for silence, or None if we cannot hear anyone."""
     deaf_after = settings.LLMGW_DEAF_AFTER
-    listener = liveness.store().listener_alive_at()
+    try:
+        listener = liveness.store().listener_alive_at()
+        why_deaf = f"the agent API has not been running for {deaf_after:.0f}s"
+    except redis.RedisError as exc:
+        # Heartbeats cannot be recorded: silence in the store is ours, not the nodes'.
+        listener = None
+        why_deaf = f"Redis, where heartbeats are recorded, is unreachable ({exc})"
     listener_silent = listener is None or now.timestamp() - listener > deaf_after
     with transaction.atomic():
         clock, _ = ControlPlaneClock.objects.select_for_update().get_or_create(pk=1)
@@ -30,19 +54,24 @@ def control_plane_clock_update(*, now: dt.datetime) -> dt.datetime | None:
                 event_record(
                     kind=EventKind.CONTROL_PLANE,
                     subject="control-plane",
-                    message="the agent API has not been running for "
-                    f"{deaf_after:.0f}s; no node will be declared lost until it is back",
+                    message=f"{why_deaf}; no node will be declared lost until it is back",
                     severity=EventSeverity.WARNING,
                 )
             clock.heard_since = None
         elif clock.heard_since is None or clock.deaf_since is not None or sweep_gap:
+            if clock.deaf_since is not None:
+                why = f" after {(now - clock.deaf_since).total_seconds():.0f}s of deafness"
+            elif sweep_gap and clock.last_sweep_at is not None:
+                why = f" after {(now - clock.last_sweep_at).total_seconds():.0f}s without a sweep"
+            else:
+                why = ""
             clock.heard_since = now
             clock.deaf_since = None
             event_record(
                 kind=EventKind.CONTROL_PLANE,
                 subject="control-plane",
-                message="hearing nodes again; every node gets a fresh grace period of "
-                f"{settings.LLMGW_NODE_GRACE:.0f}s from now",
+                message=f"hearing nodes again{why}; every node gets a fresh grace period of "
+                f"{post_outage_grace():.0f}s from now",
             )
         clock.last_sweep_at = now
         clock.save()

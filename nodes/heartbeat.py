@@ -8,6 +8,12 @@ current. Anything new (a changed inventory or engine, a status or
 desired-state change, a node we have not cached) goes to the database, and
 is validated before anything about it is recorded, liveness included: a
 refused heartbeat stores nothing.
+
+When the database is away, a node this process has answered before is
+answered from that copy (its liveness still goes to Redis; what it brought
+that is new waits, since the agent repeats it in every heartbeat); a node it
+has not is refused with 503. When Redis is away nothing cached can be
+trusted: every heartbeat goes to the database, and its time waits in memory.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, OperationalError
 
-from . import liveness, selectors
+from . import liveness, outages, selectors
+from .clock import agent_reconnect_max
 from .choices import NodeStatus
 from .inventory import node_heartbeat_apply
 from .models import Node
@@ -69,6 +77,7 @@ def _reply(node_name: str, known: _Known) -> dict[str, Any]:
         "node": node_name,
         "status": known.status,
         "heartbeat_interval": settings.LLMGW_HEARTBEAT_INTERVAL,
+        "reconnect_max": agent_reconnect_max(),
         "desired": known.desired,
     }
 
@@ -82,13 +91,42 @@ def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]
     if known is not None and known.inventory_hash == inv_hash and known.engines_hash == eng_hash:
         # The heartbeat we validated and stored last time: only liveness is news.
         version = store.heard(node_name, time.time())
-        if version == known.version:
+        if version is not None and version == known.version:
             return _reply(node_name, known)
         recorded = True
     else:
         # Read before the row, so that a change made meanwhile shows as a new version.
         version = store.version(node_name)
+    if not outages.database_dependency.worth_trying():
+        if known is not None:
+            return _reply_without_database(node_name, known, recorded)
+        if not recorded:
+            store.record(node_name, time.time())
+        raise OperationalError(f"the database is unreachable ({outages.database_dependency.cause})")
+    try:
+        known = _from_database(node_name, payload, inv_hash, eng_hash, version, recorded)
+    except DatabaseError as exc:
+        if outages.dependency_failed(exc) is None:
+            raise
+        if known is None:
+            if not recorded:
+                store.record(node_name, time.time())
+            raise
+        return _reply_without_database(node_name, known, recorded)
+    return _reply(node_name, known)
 
+
+def _reply_without_database(node_name: str, known: _Known, recorded: bool) -> dict[str, Any]:
+    """The database is away: answer from the last copy this process holds."""
+    if not recorded:
+        liveness.store().record(node_name, time.time())
+    return _reply(node_name, known)
+
+
+def _from_database(
+    node_name: str, payload: dict[str, Any], inv_hash: str, eng_hash: str, version: Any, recorded: bool
+) -> _Known:
+    store = liveness.store()
     row = (
         Node.objects.filter(name=node_name)
         .values("status", "inventory_hash", "engines", "desired_version")
@@ -118,7 +156,7 @@ def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]
         desired=selectors.node_desired_state(node_name=node_name, version=row["desired_version"]),
     )
     _known[node_name] = known
-    return _reply(node_name, known)
+    return known
 
 
 def forget_cache() -> None:

@@ -6,6 +6,11 @@ two cores). In production liveness lives in Redis: one hash of last-seen
 times, one hash of per-node generations that services bump when a node's
 status or desired state changes.
 
+While Redis is away, heartbeats are still answered (from the database) and
+their times kept in the feed, written when Redis is back; the agent API then
+stops marking itself alive, so that the sweep knows it cannot hear anyone and
+blames no node for it (``clock``).
+
 Even one Redis round trip per heartbeat is a fifth of the agent API's CPU on
 a loaded machine (about 0.2 ms of system calls), so the agent API's processes
 keep a ``HeartbeatFeed``: heartbeats that bring no news are written behind,
@@ -28,7 +33,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from .models import ControlPlaneClock, Node
+from . import outages
+
+# No model is imported at the top: gunicorn imports this module (through the
+# agent API's worker class) in its master process, before Django is set up.
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ class HeartbeatFeed:
         self._changes: dict[str, int] = {}
         self._pending: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.writes_failing = False
 
     def start(self) -> "HeartbeatFeed":
         threading.Thread(target=self._listen, name="liveness-feed", daemon=True).start()
@@ -116,12 +125,18 @@ class HeartbeatFeed:
             with self._lock:
                 batch, self._pending = self._pending, {}
             if not batch:
+                if failing:
+                    try:  # nothing to write, but the listener mark waits for us to know
+                        self.client.ping()
+                        failing = self.writes_failing = False
+                    except Exception:  # noqa: BLE001
+                        time.sleep(outages.TRY_EVERY)
                 continue
             try:
                 self.client.hset(SEEN_KEY, mapping={node: repr(at) for node, at in batch.items()})
                 if failing:
-                    logger.info("liveness writes reach Redis again")
-                failing = False
+                    logger.info("liveness writes reach Redis again (%d nodes' heartbeats written)", len(batch))
+                failing = self.writes_failing = False
             except Exception as exc:  # noqa: BLE001 - keep what we heard and try again
                 with self._lock:
                     for node, at in batch.items():
@@ -129,7 +144,8 @@ class HeartbeatFeed:
                             self._pending[node] = at
                 if not failing:
                     logger.warning("cannot write %d heartbeats to Redis: %s; retrying", len(batch), exc)
-                failing = True
+                    outages.dependency_failed(exc)
+                failing = self.writes_failing = True
 
 
 class RedisLiveness:
@@ -143,6 +159,7 @@ class RedisLiveness:
         """This process answers heartbeats (the agent API): start its feed."""
         if self.feed is None:
             self.feed = HeartbeatFeed(self.client).start()
+            outages.database_watch_start()
 
     def touch(self, node: str, at: float) -> int:
         """Record a heartbeat; return the node's generation. One round trip."""
@@ -153,26 +170,56 @@ class RedisLiveness:
         return int(generation or 0)
 
     def heard(self, node: str, at: float):
-        """Record a heartbeat that brought no news; return the node's cache version."""
+        """Record a heartbeat that brought no news; return the node's cache
+        version, or None if Redis is away (the time is kept for later)."""
         feed = self.feed
         if feed is not None and feed.live:
             feed.later(node, at)
             return feed.version(node)
-        return self.touch(node, at)
+        if feed is not None and not outages.redis_dependency.worth_trying():
+            feed.later(node, at)
+            return None
+        try:
+            return self.touch(node, at)
+        except redis.RedisError as exc:
+            return self._unreachable(exc, node, at)
 
     def version(self, node: str):
         """The node's cache version, recording nothing: read it before the
-        database, so that a change made meanwhile invalidates what is cached."""
+        database, so that a change made meanwhile invalidates what is cached.
+        None if Redis is away: nothing cached can then be trusted."""
         feed = self.feed
         if feed is not None and feed.live:
             return feed.version(node)
-        return int(self.client.hget(GENERATION_KEY, node) or 0)
+        if feed is not None and not outages.redis_dependency.worth_trying():
+            return None
+        try:
+            return int(self.client.hget(GENERATION_KEY, node) or 0)
+        except redis.RedisError as exc:
+            return self._unreachable(exc)
 
     def record(self, node: str, at: float) -> None:
         """Record a heartbeat now: it brought news, someone may look at once."""
-        if self.feed is not None:
-            self.feed.drop(node)
-        self.client.hset(SEEN_KEY, node, repr(at))
+        feed = self.feed
+        if feed is not None:
+            feed.drop(node)
+            if not outages.redis_dependency.worth_trying():
+                feed.later(node, at)
+                return
+        try:
+            self.client.hset(SEEN_KEY, node, repr(at))
+        except redis.RedisError as exc:
+            self._unreachable(exc, node, at)
+
+    def _unreachable(self, exc: redis.RedisError, node: str | None = None, at: float = 0.0) -> None:
+        """In the agent API: keep the heartbeat's time for the feed to write
+        when Redis is back. Elsewhere (no feed) the caller must know."""
+        if self.feed is None:
+            raise exc
+        outages.dependency_failed(exc)
+        if node is not None:
+            self.feed.later(node, at)
+        return None
 
     def seen(self, node: str) -> float | None:
         value = self.client.hget(SEEN_KEY, node)
@@ -196,7 +243,19 @@ class RedisLiveness:
         pipe.execute()
 
     def mark_listener_alive(self, at: float) -> None:
-        self.client.set(LISTENER_KEY, repr(at), ex=3600)
+        """Tell the sweep this agent API hears its nodes: not while the
+        heartbeats it hears cannot be written."""
+        feed = self.feed
+        if feed is not None and feed.writes_failing:
+            raise redis.ConnectionError("heartbeats cannot be written to Redis: not marking the agent API alive")
+        try:
+            self.client.set(LISTENER_KEY, repr(at), ex=3600)
+        except redis.RedisError as exc:
+            if feed is not None:
+                outages.dependency_failed(exc)
+            raise
+        if feed is not None:
+            outages.redis_dependency.recovered()
 
     def listener_alive_at(self) -> float | None:
         value = self.client.get(LISTENER_KEY)
@@ -209,9 +268,11 @@ class DatabaseLiveness:
     caches_nodes = False
 
     def serve_heartbeats(self) -> None:
-        pass
+        outages.database_watch_start()
 
     def touch(self, node: str, at: float) -> int:
+        from .models import Node
+
         Node.objects.filter(name=node).update(last_heartbeat_at=_aware(at))
         return 0
 
@@ -225,10 +286,14 @@ class DatabaseLiveness:
         self.touch(node, at)
 
     def seen(self, node: str) -> float | None:
+        from .models import Node
+
         value = Node.objects.filter(name=node).values_list("last_heartbeat_at", flat=True).first()
         return value.timestamp() if value else None
 
     def seen_all(self) -> dict[str, float]:
+        from .models import Node
+
         return {
             name: seen.timestamp()
             for name, seen in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at")
@@ -241,9 +306,13 @@ class DatabaseLiveness:
         pass
 
     def mark_listener_alive(self, at: float) -> None:
+        from .models import ControlPlaneClock
+
         ControlPlaneClock.objects.update_or_create(pk=1, defaults={"listener_alive_at": _aware(at)})
 
     def listener_alive_at(self) -> float | None:
+        from .models import ControlPlaneClock
+
         clock = ControlPlaneClock.objects.filter(pk=1).first()
         return clock.listener_alive_at.timestamp() if clock and clock.listener_alive_at else None
 

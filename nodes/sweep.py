@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 
+import redis
 from django.conf import settings
 from django.utils import timezone
 
 from . import hooks, liveness
 from .choices import LIVE, EventSeverity, NodeStatus
-from .clock import control_plane_clock_update, control_plane_hold_update
+from .clock import control_plane_clock_update, control_plane_hold_update, post_outage_grace
 from .models import Node
 from .services import node_transition
 
@@ -22,11 +23,17 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
     """
     now = now or timezone.now()
     grace = dt.timedelta(seconds=settings.LLMGW_NODE_GRACE)
+    # After the control plane's own outage, every node's silence counts from
+    # the moment it could hear again, and its agent may be a backoff away.
+    after_outage = dt.timedelta(seconds=post_outage_grace())
     heard_since = control_plane_clock_update(now=now)
     if heard_since is None:
         return []
     store = liveness.store()
-    seen = store.seen_all()
+    try:
+        seen = store.seen_all()
+    except redis.RedisError:
+        return []  # the next sweep's clock update finds Redis away, and holds
     stale_copies = []
     overdue = []
     # Nodes that fell silent together cross the deadline up to a heartbeat
@@ -41,10 +48,11 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
         if last and (node.last_heartbeat_at is None or last - node.last_heartbeat_at > dt.timedelta(seconds=30)):
             node.last_heartbeat_at = last
             stale_copies.append(node)
-        reference = max(filter(None, [last, node.status_changed_at, heard_since]))
-        if now - reference > grace / 2:
+        quiet = now - max(filter(None, [last, node.status_changed_at]))
+        deaf_for = now - heard_since
+        if quiet > grace / 2 and deaf_for > after_outage / 2:
             silent += 1
-        if now - reference > grace:
+        if quiet > grace and deaf_for > after_outage:
             overdue.append((node, last))
     if stale_copies:
         Node.objects.bulk_update(stale_copies, ["last_heartbeat_at"], batch_size=500)
@@ -53,7 +61,10 @@ def nodes_sweep_lost(*, now: dt.datetime | None = None) -> list[str]:
     lost = []
     for node, last in overdue:
         # A heartbeat may have landed since seen_all(): look once more.
-        latest = store.seen(node.name)
+        try:
+            latest = store.seen(node.name)
+        except redis.RedisError:
+            return lost
         if latest and now.timestamp() - latest <= grace.total_seconds():
             continue
         silent_for = (now - (last or node.status_changed_at)).total_seconds()

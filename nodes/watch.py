@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections
 
 from agent.protocol import API_PREFIX
 from pki.authn import identity_from_der
 from pki.selectors import revoked_serials
 
+from . import outages
 from .models import Node
 
 logger = logging.getLogger(__name__)
@@ -63,9 +65,18 @@ def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> P
         return None
     node = match["node"]
     peer = identity_from_der(peer_der)
-    if peer.common_name != node or peer.serial in revoked_serials.get():
-        return None
-    current = Node.objects.filter(name=node).values_list("desired_version", flat=True).first()
+    if not outages.database_dependency.worth_trying():
+        return None  # known to be away: the view answers 503 at once
+    try:
+        if peer.common_name != node or peer.serial in revoked_serials.get():
+            return None
+        current = Node.objects.filter(name=node).values_list("desired_version", flat=True).first()
+    except DatabaseError:
+        return None  # the database is away: the view answers 503 at once
+    finally:
+        # A parked request never reaches Django's end of request: give the
+        # connection back to the pool now, or this idle thread keeps it.
+        close_old_connections()
     if current is None or current != version:
         return None
     return Parkable(node=node, version=version, wait=wait)

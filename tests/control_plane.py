@@ -41,6 +41,8 @@ def control_plane_env(*, grace: float, sweep: float = 1.0) -> dict[str, str]:
     url = redis_url()
     return {
         "LLMGW_NODE_GRACE": str(grace),
+        # A grace shorter than two heartbeat intervals is refused at start.
+        "LLMGW_HEARTBEAT_INTERVAL": str(min(5.0, grace / 3)),
         "LLMGW_SWEEP_INTERVAL": str(sweep),
         "CELERY_BROKER_URL": url,
         "LLMGW_REDIS_URL": url,

@@ -43,6 +43,13 @@ def api_call(method: str, path: str, **kwargs):
         hint = ""
         if response.status_code in (401, 403):
             hint = " (check LLMGW_TOKEN: it must be an operator token of a user whose role allows this)"
+        dependency = data.get("dependency") if isinstance(data, dict) else None
+        if response.status_code == 503 and dependency:
+            retry = response.headers.get("Retry-After")
+            raise CtlError(
+                f"503: the control plane is up, but its {dependency} is down: {detail}"
+                + (f" (it suggests retrying in {retry}s)" if retry else "")
+            )
         raise CtlError(f"{response.status_code}: {detail}{hint}")
     if data is None:
         raise CtlError(

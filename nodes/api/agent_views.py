@@ -8,8 +8,10 @@ its input is validated only when a heartbeat brings news (see
 import json
 import logging
 
+import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, OperationalError
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -18,7 +20,7 @@ from pki.authn import peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
 
-from .. import selectors
+from .. import outages, selectors
 from ..exceptions import InventoryRejected
 from ..heartbeat import node_heartbeat
 from ..models import Node
@@ -29,6 +31,19 @@ logger = logging.getLogger(__name__)
 
 def _error(status: int, message: str, **extra) -> JsonResponse:
     return JsonResponse({"error": message, **extra}, status=status)
+
+
+def _unavailable(exc: Exception, node_id: str) -> JsonResponse:
+    """503 for a dependency that is away (the agent retries soon, without
+    backing off); anything else is a bug and is raised as such."""
+    dependency = outages.dependency_failed(exc)
+    if dependency is None:
+        raise exc
+    # Said once when the dependency went away (nodes.outages); not once per request.
+    logger.debug("agent-api answered 503 node=%s dependency=%s", node_id, dependency)
+    response = _error(503, outages.unavailable_message(dependency, exc), dependency=dependency)
+    response["Retry-After"] = str(outages.RETRY_AFTER)
+    return response
 
 
 def authorize_node(request, node_id: str) -> JsonResponse | None:
@@ -50,7 +65,12 @@ def authorize_node(request, node_id: str) -> JsonResponse | None:
             "speak for itself. Issue a certificate for this node with "
             f"'llmgw ctl cert issue-client {node_id}'",
         )
-    if peer.serial in revoked_serials.get():
+    try:
+        revoked = revoked_serials.get()
+    except DatabaseError as exc:
+        # No copy of the revocations at all yet: a revoked certificate cannot be told from a good one.
+        return _unavailable(exc, node_id)
+    if peer.serial in revoked:
         logger.warning("agent-api refused: revoked certificate cn=%s serial=%s", peer.common_name, peer.serial)
         return _error(
             403,
@@ -117,6 +137,8 @@ def heartbeat(request, node_id: str):
         return _error(400, "the body must be a JSON object (see agent.protocol.Heartbeat)")
     try:
         reply = node_heartbeat(node_name=node_id, payload=payload)
+    except (DatabaseError, redis.RedisError) as exc:
+        return _unavailable(exc, node_id)
     except HeartbeatInvalid as exc:
         logger.warning("agent-api heartbeat rejected node=%s errors=%s", node_id, exc.errors)
         return _error(400, "invalid heartbeat; nothing was stored", details=exc.errors)
@@ -135,7 +157,12 @@ def desired(request, node_id: str):
     refusal = authorize_node(request, node_id)
     if refusal is not None:
         return refusal
-    version = Node.objects.filter(name=node_id).values_list("desired_version", flat=True).first()
-    if version is None:
-        return _error(404, f"node {node_id} has not registered yet: send a heartbeat first")
-    return JsonResponse(selectors.node_desired_state(node_name=node_id, version=version))
+    try:
+        if not outages.database_dependency.worth_trying():
+            raise OperationalError(f"the database is unreachable ({outages.database_dependency.cause})")
+        version = Node.objects.filter(name=node_id).values_list("desired_version", flat=True).first()
+        if version is None:
+            return _error(404, f"node {node_id} has not registered yet: send a heartbeat first")
+        return JsonResponse(selectors.node_desired_state(node_name=node_id, version=version))
+    except DatabaseError as exc:
+        return _unavailable(exc, node_id)

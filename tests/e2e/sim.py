@@ -47,7 +47,7 @@ def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settin
     def issue(name, out):
         bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
-    def start(nodes=SEEDS_NODES, *, grace: float = GRACE, **overrides: str) -> SimCluster:
+    def start(nodes=SEEDS_NODES, *, grace: float = GRACE, agent_timings=None, **overrides: str) -> SimCluster:
         env = {**fast_env(grace=grace), **overrides}
         for key in ("LLMGW_NODE_GRACE", "LLMGW_ROUTING_SETTLE", "LLMGW_STOP_GRACE"):
             setattr(settings, key, float(env[key]))
@@ -55,7 +55,7 @@ def sim_cluster(agent_api_factory, celery_factory, client_cert, tmp_path, settin
         celery_factory("worker", **env).wait_ready()
         celery_factory("beat", **env)
         cluster = SimCluster(base=tmp_path / "sim", env=server_env(**env), agent_url=api.url,
-                             agent_timings=AGENT_TIMINGS)
+                             agent_timings={**AGENT_TIMINGS, **(agent_timings or {})})
         cluster.base.mkdir(parents=True, exist_ok=True)
         cluster.api = api
         clusters.append(cluster)

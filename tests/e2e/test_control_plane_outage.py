@@ -96,3 +96,36 @@ def test_outage_of_the_control_plane_loses_no_heartbeating_node(
         assert not lost_events(beater.node_id).exists(), f"{beater.node_id} was declared lost"
         assert Node.objects.get(name=beater.node_id).status == NodeStatus.READY
         assert NodeStatus.LOST not in beater.statuses
+
+
+# --- agents in backoff when the agent API comes back (issue 9, item 3) -------------
+
+
+@pytest.mark.parametrize("outage", [6.0, 25.0])
+def test_agents_backing_off_are_heard_within_the_fresh_grace(sim_cluster, agent_api_factory, outage):
+    """Real agents with the default backoff cap (30 s) and a grace of 3 s: the
+    control plane tells them a cap that fits its grace, so after the agent
+    API's outage each one retries in time and none is declared lost."""
+    from tests.e2e.sim import GRACE as SIM_GRACE
+    from tests.e2e.sim import fast_env
+
+    cluster = sim_cluster(agent_timings={"reconnect_base": "1s", "reconnect_max": "30s"})
+    names = list(cluster.nodes)
+    # Every agent has heard the control plane's cap at least once.
+    wait_until(lambda: all((cluster.nodes[n].work_dir / "control-plane.json").exists() for n in names),
+               timeout=20, message="every agent told its reconnect cap")
+
+    cluster.api.stop()
+    time.sleep(outage)
+    up_at = time.time()
+    cluster.api = agent_api_factory(port=cluster.api.port, workers=1, threads=8, **fast_env())
+
+    # Long enough for every agent's next attempt and several fresh grace periods.
+    from nodes import liveness
+
+    wait_until(lambda: all(liveness.store().seen_all().get(n, 0) > up_at for n in names),
+               timeout=3 * SIM_GRACE, message="every agent heard again within the fresh grace")
+    time.sleep(2 * SIM_GRACE)
+    for name in names:
+        assert not lost_events(name).exists(), f"{name} was declared lost though its agent kept trying"
+        assert Node.objects.get(name=name).status == NodeStatus.READY
