@@ -85,9 +85,9 @@ def test_redis_then_postgresql_gone_for_20s_and_back(
     subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=REPO, env=process_env,
                    check=True, timeout=300)
     token = manage(process_env, "from django.contrib.auth import get_user_model; "
-                   "from rest_framework.authtoken.models import Token; "
+                   "from accounts.services import token_create; "
                    "u = get_user_model().objects.create_superuser('admin', '', 'pw-for-tests'); "
-                   "print(Token.objects.create(user=u).key)")
+                   "print(token_create(user=u).token)")
 
     api = agent_api_factory(workers=1, threads=8, **env)
     celery_factory("worker", **env).wait_ready()

@@ -11,12 +11,12 @@ import sys
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agent.client import ControlPlaneClient, ServerError, Unavailable
 from agent.config import AgentConfig, SupervisorConfig, TlsConfig
 from agent.runner import ReconnectCap
+from accounts.services import token_create
 from nodes import liveness, outages
 from nodes.models import Event
 from tests.conftest import REPO, free_port
@@ -38,7 +38,7 @@ def test_operator_api_answers_503_naming_redis_when_it_is_away(redis_away):
     NodeFactory(name="node01")
     user = get_user_model().objects.create_superuser("operator", "", "operator-password-for-tests")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=user).token}")
     response = client.get("/api/v1/nodes/")
     assert response.status_code == 503
     assert response["Retry-After"] == str(outages.RETRY_AFTER)

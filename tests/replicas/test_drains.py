@@ -30,12 +30,13 @@ def _no_celery(monkeypatch, settings):
 @pytest.fixture
 def admin_client_api(db):
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
+
+    from accounts.services import token_create
 
     user = get_user_model().objects.create_superuser("operator", "", "operator-password-for-tests")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=user).token}")
     return client
 
 
