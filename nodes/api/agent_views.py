@@ -22,6 +22,7 @@ from ..exceptions import InventoryRejected
 from .. import selectors
 from ..heartbeat import HeartbeatInvalid, node_heartbeat
 from ..models import Node
+from ..watch import LongPollInvalid, longpoll_params
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,10 @@ def desired(request, node_id: str):
     refusal = authorize_node(request, node_id)
     if refusal is not None:
         return refusal
+    try:
+        longpoll_params(version=request.GET.get("version"), wait=request.GET.get("wait"))
+    except LongPollInvalid as exc:
+        return _error(400, str(exc), details={exc.field: [str(exc)]})
     version = Node.objects.filter(name=node_id).values_list("desired_version", flat=True).first()
     if version is None:
         return _error(404, f"node {node_id} has not registered yet: send a heartbeat first")
