@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from gunicorn import util
 
-from .framing import MAX_HEAD, Refusal, request_end
+from .framing import MAX_HEAD, Framing, Refusal
 
 if TYPE_CHECKING:
     from .worker import AgentApiWorker, VerifiedConn
@@ -49,6 +49,8 @@ class Intake:
         self.worker = worker
         self.request_timeout = request_timeout
         self.max_body = max_body
+        # Bytes read for one request before giving up on it (chunk framing adds some).
+        self.max_request = MAX_HEAD + 2 * max_body
         # Connections the event loop is reading a request from, and those
         # waiting for the client's end after a graceful close: conn -> deadline.
         self.reading: dict[VerifiedConn, float] = {}
@@ -66,7 +68,7 @@ class Intake:
         eof = False
         try:
             conn.sock.setblocking(False)
-            while len(buf) <= MAX_HEAD + self.max_body:
+            while len(buf) <= self.max_request:
                 data = conn.sock.recv(_RECV)
                 if not data:
                     eof = True
@@ -82,8 +84,12 @@ class Intake:
             return
         if buf and not started:
             conn.request_deadline = time.monotonic() + self.request_timeout
+        if conn.framing is None:
+            conn.framing = Framing(max_body=self.max_body)
         try:
-            end = request_end(buf, max_body=self.max_body) if buf else None
+            end = conn.framing.end(buf) if buf else None
+            if end is None and len(buf) > self.max_request:
+                raise Refusal(413, "Content Too Large", f"the request is over {self.max_request} bytes")
         except Refusal as refusal:
             logger.info("agent-api refused a request from %s: %s %s", conn.name(), refusal.status, refusal.message)
             self._refuse(conn, refusal)
@@ -98,6 +104,7 @@ class Intake:
         self._stop_waiting(conn)
         conn.buffered_parser().unreader.unread(bytes(buf))
         buf.clear()
+        conn.framing.reset()
         conn.data_ready = True
         self.worker.tpool.put(conn)
 

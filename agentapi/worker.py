@@ -49,6 +49,7 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 from nodes import liveness
 from pki.authn import PeerIdentity
 
+from .framing import Framing
 from .intake import Intake
 from .peers import PeerGate, keep_fresh
 from .pool import ConnectionPool
@@ -85,6 +86,7 @@ class VerifiedConn(TConn):
     def __init__(self, cfg, sock, client, server) -> None:
         super().__init__(cfg, sock, client, server)
         self.inbuf = bytearray()
+        self.framing: Framing | None = None
         self.request_deadline = 0.0
         self.peer: PeerIdentity | None = None
         self.peers: PeerGate | None = None

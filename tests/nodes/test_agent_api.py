@@ -258,7 +258,10 @@ def test_a_new_certificate_for_a_revoked_node_is_accepted(agent_api, client_cert
     old = client_cert("node01")
     pki_services.cert_revoke(target="node01")
     time.sleep(1.1)  # the listener's revocation cache (LLMGW_REVOCATION_CACHE_SECONDS)
-    assert post(agent_api, old, "node01").status_code == 403
+    # A new connection with the revoked certificate is closed right after its
+    # handshake, unanswered (tests/agentapi/test_slow_clients.py).
+    with pytest.raises(httpx.TransportError):
+        post(agent_api, old, "node01")
     assert not Node.objects.filter(name="node01").exists()
     assert post(agent_api, client_cert("node01"), "node01").status_code == 200
 
