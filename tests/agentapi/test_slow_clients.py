@@ -18,6 +18,7 @@ from collections import Counter
 
 import httpx
 import pytest
+from agent.protocol import example_heartbeat
 from nodes.choices import NodeStatus
 from nodes.models import Node
 from nodes.services import nodes_sweep_lost
@@ -257,13 +258,15 @@ def test_200_slow_connections_with_a_valid_and_a_revoked_certificate_silence_no_
     settings.LLMGW_NODE_GRACE = 3.0
     settings.LLMGW_MASS_SILENCE_FRACTION = 1.0  # a single starved node is declared lost, not held
 
+    inventory = example_heartbeat(gpus=0).to_dict()  # GPU uuids are unique across nodes
     clients = {name: httpx.Client(verify=mtls_context(*creds), timeout=1.0) for name, creds in healthy.items()}
     failures: list[str] = []
     lost: list[str] = []
     answered = 0
     try:
         for name, client in clients.items():  # register: the first heartbeat writes the inventory
-            assert client.post(heartbeat_url(server, name), json=payload(), timeout=10).status_code == 200
+            r = client.post(heartbeat_url(server, name), json=inventory, timeout=10)
+            assert r.status_code == 200, r.text
         time.sleep(1.5)  # the listener's copy of the revoked serials
         with SlowClients(server, slow, count=100, interval=1.0) as attack:
             ends = time.monotonic() + 12  # four request deadlines
@@ -271,7 +274,7 @@ def test_200_slow_connections_with_a_valid_and_a_revoked_certificate_silence_no_
                 for name, client in clients.items():
                     started = time.monotonic()
                     try:
-                        r = client.post(heartbeat_url(server, name), json=payload())
+                        r = client.post(heartbeat_url(server, name), json=inventory)
                         if r.status_code == 200:
                             answered += 1
                         else:
