@@ -61,10 +61,10 @@ class Intake:
     def read(self, conn: VerifiedConn, _fileobj=None) -> None:
         """Read what ``conn`` has; hand it to a thread once a request is whole."""
         buf = conn.inbuf
+        started = bool(buf)  # this request's deadline is already running
         if conn.parser is not None:
             # Bytes the last request's parse left over: the next request's start.
             buf += conn.parser.unreader.take_buffered()
-        started = bool(buf)
         eof = False
         try:
             conn.sock.setblocking(False)
