@@ -114,6 +114,23 @@ def test_a_whole_request_sent_slowly_but_in_time_is_answered(agent_api_factory, 
     assert Node.objects.get(name="node01").gpus.count() == 8
 
 
+def test_pipelined_requests_are_answered_each_in_turn(agent_api_factory, client_cert):
+    server = agent_api_factory(LLMGW_AGENT_REQUEST_TIMEOUT="3")
+    sock = tls_connect(server, client_cert("node01"))
+    ping = b"GET /agent/v1/ping HTTP/1.1\r\nHost: agent-api\r\n\r\n"
+    try:
+        sock.sendall(ping + ping[:20])  # one whole request and the start of the next
+        sock.settimeout(5)
+        first = sock.recv(4096)
+        assert first.startswith(b"HTTP/1.1 200 ") and first.count(b"HTTP/1.1") == 1, first
+        time.sleep(1.0)
+        sock.sendall(ping[20:])
+        second = sock.recv(4096)
+        assert second.startswith(b"HTTP/1.1 200 "), second
+    finally:
+        sock.close()
+
+
 def test_an_idle_connection_is_closed_after_the_idle_timeout(agent_api_factory, client_cert):
     server = agent_api_factory(LLMGW_AGENT_IDLE_TIMEOUT="2")
     creds = client_cert("node01")
