@@ -36,8 +36,8 @@ import ssl
 import sys
 import threading
 import time
-from datetime import datetime
 from collections.abc import Callable
+from datetime import datetime
 from functools import partial
 
 from django.conf import settings
