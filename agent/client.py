@@ -18,7 +18,7 @@ import ssl
 import httpx
 
 from .config import AgentConfig
-from .protocol import DesiredState, Heartbeat, HeartbeatReply
+from .protocol import DesiredState, Heartbeat, HeartbeatReply, node_path
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def tls_context(config: AgentConfig) -> ssl.SSLContext:
 class ControlPlaneClient:
     def __init__(self, config: AgentConfig) -> None:
         self.node_id = config.node_id
-        self.base = f"{config.server}/agent/v1/nodes/{config.node_id}"
+        self.base = config.server + node_path(config.node_id)
         context = tls_context(config)
         timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
         # trust_env=False: a node's HTTP(S)_PROXY is for fetching weights, not

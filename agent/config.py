@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import shutil
 import ssl
 from dataclasses import dataclass
@@ -22,12 +21,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from .durations import BadDuration, parse_duration
-
-# The same rule as the control plane's (pki.names): the node id is also the
-# hostname, the VM name and the certificate's common name.
-NODE_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-FABRIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-HCA_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
 
 CONFIG_EXIT_STATUS = 2
 

@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -24,11 +23,10 @@ import urllib.request
 from pathlib import Path
 
 from .proc import ProcessIdentity, is_running, process_identity, signal_group, tail_lines
-from .protocol import DesiredMember, EngineState
+from .protocol import DesiredMember, EngineState, from_dict
 
 logger = logging.getLogger(__name__)
 
-MEMBER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 RECORD_FILE = "engine.json"
 LOG_FILE = "engine.log"
 # The control plane cannot know where Python lives on a node; an argv that
@@ -38,13 +36,10 @@ PYTHON_PLACEHOLDER = "{python}"
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def spec_fingerprint(spec: DesiredMember) -> str:
+def spec_digest(spec: DesiredMember) -> str:
+    """A digest of everything a member was asked to run: it changes when, and
+    only when, the engine must be restarted to follow its desired state."""
     return hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode()).hexdigest()
-
-
-def member_from_dict(data: dict) -> DesiredMember:
-    known = {f.name for f in dataclasses.fields(DesiredMember)}
-    return DesiredMember(**{k: v for k, v in data.items() if k in known})
 
 
 def check_health(url: str, timeout: float) -> bool:
@@ -68,7 +63,7 @@ class EngineProcess:
         exited: bool = False,
     ) -> None:
         self.spec = spec
-        self.fingerprint = spec_fingerprint(spec)
+        self.spec_digest = spec_digest(spec)
         self.directory = directory
         self.identity = identity
         self.popen = popen
@@ -137,7 +132,7 @@ class EngineProcess:
         """The engine a previous agent started here, adopted if it still runs."""
         try:
             record = json.loads((directory / RECORD_FILE).read_text())
-            spec = member_from_dict(record["spec"])
+            spec = from_dict(DesiredMember, record["spec"])
             identity = None
             if record.get("pid") is not None:  # None: it never started
                 identity = ProcessIdentity(int(record["pid"]), int(record["start_time"]), str(record["boot_id"]))

@@ -15,16 +15,71 @@ The listener parks such a request without holding a thread, so an agent may
 keep one open at all times. An agent that gets the same version back sooner
 than S should pause a moment before asking again (a server without parking
 answers at once).
+
+Either side may be newer than the other: a reader keeps the fields it knows
+and ignores the rest (``from_dict``), so adding a field never breaks an older
+agent or control plane. Removing or renaming one does: that is a new
+``PROTOCOL_VERSION``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from functools import cache
+from typing import Any, TypeVar
 
 PROTOCOL_VERSION = 1
 
+API_PREFIX = "/agent/v1"
+
 ENGINE_STATES = ("starting", "running", "exited")
+
+# The node id is also the hostname, the VM name and the certificate's common
+# name: an RFC 1123 label, lowercase (dots allowed, as in a short FQDN).
+NODE_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+FABRIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+HCA_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# A member id names a directory under the agent's work_dir.
+MEMBER_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+T = TypeVar("T")
+
+
+def node_path(node_id: str) -> str:
+    """Where a node's resources live on the agent API (``/heartbeat``, ``/desired``)."""
+    return f"{API_PREFIX}/nodes/{node_id}"
+
+
+@cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _value(kind: Any, value: Any) -> Any:
+    if is_dataclass(kind):
+        return from_dict(kind, value)
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, list):
+            raise TypeError(f"expected a JSON list, not {type(value).__name__}")
+        (item,) = typing.get_args(kind)
+        return [_value(item, v) for v in value]
+    if kind is int or kind is float:
+        return kind(value)
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """An instance of the dataclass ``cls`` from decoded JSON, nested
+    dataclasses included. Fields it does not know are ignored (the other side
+    may be newer); a required field that is missing is a TypeError."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}")
+    kinds = _field_types(cls)
+    known = {f.name for f in fields(cls) if f.init}
+    return cls(**{name: _value(kinds[name], value) for name, value in data.items() if name in known})
 
 
 @dataclass
@@ -83,6 +138,10 @@ class Heartbeat:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Heartbeat":
+        return from_dict(cls, data)
+
 
 @dataclass
 class DesiredMember:
@@ -105,11 +164,8 @@ class DesiredState:
     members: list[DesiredMember] = field(default_factory=list)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DesiredState":
-        return cls(
-            version=int(data["version"]),
-            members=[DesiredMember(**m) for m in data.get("members", [])],
-        )
+    def from_dict(cls, data: Mapping[str, Any]) -> "DesiredState":
+        return from_dict(cls, data)
 
 
 @dataclass
@@ -120,13 +176,8 @@ class HeartbeatReply:
     desired: DesiredState
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "HeartbeatReply":
-        return cls(
-            node=data["node"],
-            status=data["status"],
-            heartbeat_interval=float(data["heartbeat_interval"]),
-            desired=DesiredState.from_dict(data["desired"]),
-        )
+    def from_dict(cls, data: Mapping[str, Any]) -> "HeartbeatReply":
+        return from_dict(cls, data)
 
 
 def example_heartbeat(*, gpus: int = 8, fabric: str | None = "ib-a") -> Heartbeat:

@@ -90,7 +90,7 @@ class DesiredHolder:
 
 @dataclass
 class _Sent:
-    engines: tuple | None = None  # supervisor fingerprint the control plane has acknowledged
+    engines: tuple | None = None  # the engines snapshot the control plane has acknowledged
 
 
 class Agent:
@@ -158,7 +158,7 @@ class Agent:
             if desired is not None:
                 self.supervisor.converge(desired)
             self.supervisor.tick()
-            current = self.supervisor.fingerprint()
+            current = self.supervisor.engines_snapshot()
             if current != last:
                 last = current
                 self.report_now.set()
@@ -167,11 +167,11 @@ class Agent:
     # --- heartbeats ------------------------------------------------------------------
 
     def build_heartbeat(self) -> tuple[Heartbeat, tuple]:
-        fingerprint = self.supervisor.fingerprint()
+        snapshot = self.supervisor.engines_snapshot()
         inv = self.inventory
         # The control plane stores log tails only along with a change of
         # engine state, so steady heartbeats leave them out.
-        with_logs = fingerprint != self._sent.engines
+        with_logs = snapshot != self._sent.engines
         heartbeat = Heartbeat(
             agent_version=__version__,
             mgmt_addr=self.config.mgmt_addr,
@@ -183,7 +183,7 @@ class Agent:
             engines=self.supervisor.report(with_logs=with_logs),
             desired_version=self.desired.version,
         )
-        return heartbeat, fingerprint
+        return heartbeat, snapshot
 
     def _heartbeat_loop(self) -> None:
         backoff = Backoff(self.config.reconnect_base, self.config.reconnect_max)
@@ -191,7 +191,7 @@ class Agent:
         while not self.stopping.is_set():
             self.report_now.clear()
             started = time.monotonic()
-            heartbeat, fingerprint = self.build_heartbeat()
+            heartbeat, snapshot = self.build_heartbeat()
             asked_with = heartbeat.desired_version
             try:
                 reply = self.client.heartbeat(heartbeat)
@@ -210,7 +210,7 @@ class Agent:
                 continue
             self.link.up()
             backoff.reset()
-            self._sent.engines = fingerprint
+            self._sent.engines = snapshot
             self.connected.set()
             # Never slower than the control plane expects (it declares a
             # silent node lost by its own interval), never slower than

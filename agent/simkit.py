@@ -8,13 +8,15 @@ refuses a GPU uuid reported by two nodes, as it should).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .config import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
+import yaml
+
+from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
 
 GPU_NAME = "NVIDIA H200"
 GPU_MEMORY_MIB = 143771
@@ -113,7 +115,7 @@ def write_sysfs(ib_root: Path, node_id: str, fabrics: list[KitFabric]) -> None:
                 path.write_text(value + "\n")
 
 
-def agent_yaml(
+def agent_config(
     *,
     node_id: str,
     server: str,
@@ -125,46 +127,48 @@ def agent_yaml(
     fabrics: list[KitFabric],
     heartbeat_interval: str,
     mgmt_interface: str,
-) -> str:
-    q = json.dumps  # a JSON string is a YAML string, quoted safely
-    if fabrics:
-        fabric_text = "fabrics:\n" + "".join(
-            f"  - name: {q(f.name)}\n    hcas: [{', '.join(q(h) for h in f.hcas)}]\n" for f in fabrics
-        )
-    else:
-        fabric_text = "fabrics: []  # an island: single-node replicas only\n"
-    return f"""\
-# The simulated node {node_id}, written by 'llmgw sim node-kit'.
-# Its GPUs come from a fake nvidia-smi and its HCAs from a sysfs-shaped
-# directory; everything else is a real agent.
-node_id: {q(node_id)}
-server: {q(server)}
+) -> dict[str, Any]:
+    """The agent.yaml of a simulated node, as data."""
+    return {
+        "node_id": node_id,
+        "server": server,
+        "tls": {
+            "ca": str(certs / "ca.pem"),
+            "cert": str(certs / f"{node_id}.pem"),
+            "key": str(certs / f"{node_id}-key.pem"),
+        },
+        "mgmt_addr": addr,
+        "mgmt_interface": mgmt_interface,
+        "heartbeat_interval": heartbeat_interval,
+        "reconnect_base": "1s",
+        "reconnect_max": "30s",
+        "fabrics": [{"name": f.name, "hcas": list(f.hcas)} for f in fabrics],
+        "discovery": {
+            "nvidia_smi": str(nvidia_smi),
+            "ib_root": str(ib_root),
+            "prefer_nvml": False,
+            "skip_gpus": False,
+        },
+        "supervisor": {
+            "work_dir": str(work_dir),
+            "log_lines": 512,
+            "stop_timeout": "30s",
+            "health_interval": "2s",
+        },
+    }
 
-tls:
-  ca: {q(str(certs / "ca.pem"))}
-  cert: {q(str(certs / f"{node_id}.pem"))}
-  key: {q(str(certs / f"{node_id}-key.pem"))}
 
-mgmt_addr: {q(addr)}
-mgmt_interface: {q(mgmt_interface)}
-
-heartbeat_interval: {heartbeat_interval}
-reconnect_base: 1s
-reconnect_max: 30s
-
-{fabric_text}
-discovery:
-  nvidia_smi: {q(str(nvidia_smi))}
-  ib_root: {q(str(ib_root))}
-  prefer_nvml: false
-  skip_gpus: false
-
-supervisor:
-  work_dir: {q(str(work_dir))}
-  log_lines: 512
-  stop_timeout: 30s
-  health_interval: 2s
-"""
+def agent_yaml(**kwargs: Any) -> str:
+    """agent.yaml of a simulated node (see ``agent_config``), with a word on where it came from."""
+    config = agent_config(**kwargs)
+    island = "" if config["fabrics"] else "# No fabric: an island, single-node replicas only.\n"
+    return (
+        f"# The simulated node {config['node_id']}, written by 'llmgw sim node-kit'.\n"
+        "# Its GPUs come from a fake nvidia-smi and its HCAs from a sysfs-shaped\n"
+        "# directory; everything else is a real agent.\n"
+        + island
+        + yaml.safe_dump(config, sort_keys=False)
+    )
 
 
 def node_kit(

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .config import SupervisorConfig
-from .engine_process import MEMBER_RE, EngineProcess, check_health, spec_fingerprint
-from .protocol import DesiredState, EngineState
+from .engine_process import EngineProcess, check_health, spec_digest
+from .protocol import MEMBER_ID_RE, DesiredState, EngineState
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ class Supervisor:
         per_engine = min(64 * 1024, log_bytes_total // max(1, len(engines))) if with_logs else 0
         return [e.report(self.config.log_lines, per_engine) for e in engines]
 
-    def fingerprint(self) -> tuple:
-        """Changes whenever something worth reporting at once changes."""
+    def engines_snapshot(self) -> tuple:
+        """What is worth reporting at once about the engines: when it differs
+        from the last one sent, the agent reports without waiting."""
         return tuple(
             (e.name, e.pid, e.exited, e.exit_code, e.healthy, e.ever_healthy, e.stopping)
             for e in sorted(self.engines().values(), key=lambda e: e.name)
@@ -72,7 +73,7 @@ class Supervisor:
         now = time.monotonic() if now is None else now
         wanted = {}
         for member in desired.members:
-            if not MEMBER_RE.match(member.member) or member.member in (".", ".."):
+            if not MEMBER_ID_RE.match(member.member) or member.member in (".", ".."):
                 if member.member not in self._refused:
                     logger.error("desired member %r has a name unfit for a directory; not starting it", member.member)
                     self._refused.add(member.member)
@@ -87,7 +88,7 @@ class Supervisor:
                     else:
                         engine.replacement = None
                         engine.begin_stop(self.config.stop_timeout, now)
-                elif spec_fingerprint(spec) != engine.fingerprint:
+                elif spec_digest(spec) != engine.spec_digest:
                     if engine.exited:
                         self._drop(name)  # a new spec for an exited member: start it afresh below
                     else:

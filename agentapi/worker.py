@@ -22,8 +22,9 @@ connections over a plain queue instead of a Future, a Condition and a
 callback list per request (``pool.py``).
 
 gunicorn imports this module in its master process, before any worker has
-loaded the Django application, so settings are read in ``run()``, in the
-worker, once the application is loaded.
+loaded the Django application, so settings are read, and ``nodes.liveness``
+(which imports the models) is imported, in the worker, once the application
+is loaded.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from gunicorn import sock as gsock
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
-from nodes import liveness
 from pki.authn import PeerIdentity
 
 from .framing import Framing
@@ -155,7 +155,9 @@ class AgentApiWorker(ThreadWorker):
         return ConnectionPool(self, self.cfg.threads)
 
     def run(self) -> None:
-        from pki.selectors import revoked_serials  # models: loaded only once the application is
+        # Both import the models: loaded only once the application is (see above).
+        from nodes import liveness
+        from pki.selectors import revoked_serials
 
         self.handshake_timeout = settings.LLMGW_AGENT_HANDSHAKE_TIMEOUT
         TimedSSLSocket.request_timeout = settings.LLMGW_AGENT_REQUEST_TIMEOUT
@@ -379,6 +381,8 @@ def _peer(conn: TConn) -> str:
 
 def _listener_alive_loop() -> None:
     """Tell the lost-node sweep that the agent API is up and can hear nodes."""
+    from nodes import liveness
+
     failing = False
     while True:
         try:

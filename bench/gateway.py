@@ -207,11 +207,11 @@ from django.core.management import call_command
 from django.utils import timezone
 call_command("migrate", interactive=False, verbosity=0)
 from nodes.models import Node
-from replicas.models import Member, Model, Replica
+from replicas.models import CatalogEntry, Member, Replica
 from gateway.services import key_create
 model_name, port = sys.argv[1], int(sys.argv[2])
 node = Node.objects.create(name="bench-node", status="ready", status_changed_at=timezone.now(), mgmt_addr="127.0.0.1")
-model = Model.objects.create(name=model_name, engine="sim", weights="/models/sim")
+model = CatalogEntry.objects.create(name=model_name, engine="sim", weights="/models/sim")
 replica = Replica.objects.create(model=model, status="ready", status_changed_at=timezone.now())
 Member.objects.create(replica=replica, node=node, rank=0, ports={"http": port}, serves_http=True, state="running")
 print(key_create(name="bench").key)

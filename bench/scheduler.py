@@ -78,7 +78,7 @@ def main() -> int:
 
     scheduling.placements_persist = timed_persist
     decisions: list[float] = []
-    place = scheduling.scheduler.place
+    place = scheduling.placement.place
 
     def timed_place(request, snapshot):
         start = time.perf_counter()
@@ -87,7 +87,7 @@ def main() -> int:
         finally:
             decisions.append(time.perf_counter() - start)
 
-    scheduling.scheduler.place = timed_place
+    scheduling.placement.place = timed_place
     start = time.perf_counter()
     placed = scheduling.replicas_schedule_pending()
     elapsed = time.perf_counter() - start
@@ -144,11 +144,11 @@ def _build_cluster(nodes: int, fabrics: int, islands: int) -> None:
 def _pending_replicas(scale: float) -> int:
     from django.utils import timezone
 
-    from replicas.models import Model, Replica
+    from replicas.models import CatalogEntry, Replica
 
     shapes = []
     for (n, g), count in MIX.items():
-        model = Model.objects.create(name=f"m-{n}x{g}", engine="sim", weights="/models/sim", nodes=n,
+        model = CatalogEntry.objects.create(name=f"m-{n}x{g}", engine="sim", weights="/models/sim", nodes=n,
                                      gpus_per_node=g, replicas=int(count * scale))
         shapes += [model] * int(count * scale)
     random.Random(7).shuffle(shapes)

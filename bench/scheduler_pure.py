@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replicas.scheduler import ClusterSnapshot, NodeSnapshot, Placement, PlacementRequest, place  # noqa: E402
+from replicas.placement import ClusterSnapshot, NodeSnapshot, Placement, PlacementRequest, place  # noqa: E402
 
 SHAPES = {"1x1": (1, 1), "1x8": (1, 8), "2x4": (2, 4), "2x8": (2, 8), "4x8": (4, 8)}
 WEIGHTS = {"1x1": 70, "1x8": 10, "2x4": 10, "2x8": 6, "4x8": 4}

@@ -2,7 +2,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
+from replicas.models import CatalogEntry
+
 from .models import ApiKey, GatewayProcess
+from .services import key_create, key_revoke
 
 
 class ApiKeyAddForm(forms.ModelForm):
@@ -15,11 +18,9 @@ class ApiKeyAddForm(forms.ModelForm):
         fields = ["name"]
 
     def clean(self):
-        from replicas.models import Model
-
         cleaned = super().clean()
         names = {m.strip() for m in cleaned.get("models_text", "").split(",") if m.strip()}
-        unknown = names - set(Model.objects.filter(name__in=names).values_list("name", flat=True))
+        unknown = names - set(CatalogEntry.objects.filter(name__in=names).values_list("name", flat=True))
         if unknown:
             raise ValidationError(f"no such model in the catalog: {', '.join(sorted(unknown))}")
         return cleaned
@@ -55,8 +56,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return [] if obj is None else self.readonly_fields
 
     def save_model(self, request, obj, form, change):
-        from .services import key_create
-
         if change:
             return
         models = [m for m in form.cleaned_data.get("models_text", "").split(",") if m.strip()]
@@ -73,8 +72,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request, queryset):
-        from .services import key_revoke
-
         for key in queryset:
             key_revoke(name=key.name)
         messages.info(request, f"revoked {queryset.count()} key(s)")

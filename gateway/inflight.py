@@ -16,11 +16,15 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
+import redis
 from django.conf import settings
+from django.utils import timezone
+
+from .models import GatewayProcess
 
 HASH_KEY = "llmgw:gateway:processes"
 STALE_AFTER = 3.0
-# Records this old are deleted by whoever reads them.
+# Records this old are deleted by the gateway's prune (gateway.services).
 FORGET_AFTER = 60.0
 
 
@@ -34,8 +38,6 @@ class ProcessRecord:
 
 class RedisInflight:
     def __init__(self, url: str) -> None:
-        import redis
-
         self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
     def publish(self, *, name: str, routes: list[int], inflight: dict[int, int]) -> None:
@@ -45,47 +47,44 @@ class RedisInflight:
     def forget(self, name: str) -> None:
         self.client.hdel(HASH_KEY, name)
 
-    def records(self) -> list[ProcessRecord]:
-        now, records, gone = time.time(), [], []
+    def _read(self) -> tuple[list[ProcessRecord], list[bytes]]:
+        """The readable records, and the names of the unreadable ones."""
+        records, unreadable = [], []
         for name, raw in self.client.hgetall(HASH_KEY).items():
             try:
                 value = json.loads(raw)
-                record = ProcessRecord(
+                records.append(ProcessRecord(
                     name=name.decode(), at=float(value["at"]), routes=frozenset(value["routes"]),
                     inflight={int(k): int(v) for k, v in value["inflight"].items()},
-                )
+                ))
             except (ValueError, KeyError, TypeError):
-                gone.append(name)
-                continue
-            if now - record.at > FORGET_AFTER:
-                gone.append(name)
-            records.append(record)
-        if gone:
-            self.client.hdel(HASH_KEY, *gone)
-        return records
+                unreadable.append(name)
+        return records, unreadable
+
+    def records(self) -> list[ProcessRecord]:
+        return self._read()[0]
+
+    def prune(self) -> int:
+        records, gone = self._read()
+        now = time.time()
+        gone += [r.name for r in records if now - r.at > FORGET_AFTER]
+        return self.client.hdel(HASH_KEY, *gone) if gone else 0
 
 
 class DatabaseInflight:
     def publish(self, *, name: str, routes: list[int], inflight: dict[int, int]) -> None:
-        from django.utils import timezone
-
-        from .models import GatewayProcess
-
         GatewayProcess.objects.update_or_create(
             name=name, defaults={"seen_at": timezone.now(), "routes": routes, "inflight": inflight}
         )
 
     def forget(self, name: str) -> None:
-        from .models import GatewayProcess
-
         GatewayProcess.objects.filter(name=name).delete()
 
+    def prune(self) -> int:
+        cutoff = timezone.now() - dt.timedelta(seconds=FORGET_AFTER)
+        return GatewayProcess.objects.filter(seen_at__lt=cutoff).delete()[0]
+
     def records(self) -> list[ProcessRecord]:
-        from django.utils import timezone
-
-        from .models import GatewayProcess
-
-        GatewayProcess.objects.filter(seen_at__lt=timezone.now() - dt.timedelta(seconds=FORGET_AFTER)).delete()
         return [
             ProcessRecord(
                 name=row.name, at=row.seen_at.timestamp(), routes=frozenset(row.routes),

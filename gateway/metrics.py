@@ -1,136 +1,150 @@
-"""Prometheus metrics of one gateway process, and the text exposition of
-/metrics (format 0.0.4, written by hand: a few counters and histograms do
-not need a client library on the request path)."""
+"""The gateway's Prometheus metrics, summed over the web processes of a machine.
+
+Each web process counts into files under ``settings.LLMGW_METRICS_DIR``
+(prometheus_client's multiprocess mode; settings point
+``PROMETHEUS_MULTIPROC_DIR`` there), so a scrape of any one process sees the
+requests of all of them. The cluster's figures (replicas, nodes, GPUs) are
+read from the database at scrape time and added by ``ClusterCollector``.
+
+The files of a process that is gone: its in-flight gauge leaves the sum at the
+next scrape; its counters stay until a web process starts (then they go, as
+they would when the whole server restarts: Prometheus reads a counter reset).
+"""
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import os
+from pathlib import Path
 from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from prometheus_client import CollectorRegistry, values, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class Histogram:
-    __slots__ = ("buckets", "series")
+def _pid_of(path: Path) -> int | None:
+    try:
+        return int(path.stem.rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        return None
 
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.series: dict[tuple[str, ...], list] = {}  # labels -> [bucket counts..., sum, count]
 
-    def observe(self, labels: tuple[str, ...], value: float) -> None:
-        row = self.series.get(labels)
-        if row is None:
-            row = self.series[labels] = [0] * (len(self.buckets) + 1) + [0.0, 0]
-        row[bisect_left(self.buckets, value)] += 1
-        row[-2] += value
-        row[-1] += 1
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_directory(directory: Path) -> None:
+    """Before this process counts anything: drop the files of processes that
+    are gone, and any left under this process's pid by an earlier one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    me = os.getpid()
+    for path in directory.glob("*.db"):
+        pid = _pid_of(path)
+        if pid is not None and (pid == me or not _alive(pid)):
+            path.unlink(missing_ok=True)
+
+
+METRICS_DIR = Path(settings.LLMGW_METRICS_DIR)
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR") != str(METRICS_DIR) or values.ValueClass is values.MutexValue:
+    # Values would stay in this process: a scrape would see one web process of several.
+    raise ImproperlyConfigured("prometheus_client was imported before llmgw's settings set PROMETHEUS_MULTIPROC_DIR")
+_clean_directory(METRICS_DIR)
+
+_ROUTE = ("model", "replica")
+REQUESTS = Counter("llmgw_gateway_requests_total", "Requests answered by the gateway.",
+                   ("model", "replica", "endpoint", "code"))
+ERRORS = Counter("llmgw_gateway_errors_total", "Requests that failed, by reason.", ("model", "kind"))
+RETRIES = Counter("llmgw_gateway_retries_total",
+                  "Requests retried on another replica after a failed connection.", ("model",))
+LATENCY = Histogram("llmgw_gateway_request_duration_seconds", "Time from request to last byte, by model and replica.",
+                    _ROUTE, buckets=LATENCY_BUCKETS)
+TTFT = Histogram("llmgw_gateway_time_to_first_token_seconds", "Time from request to first streamed chunk.",
+                 _ROUTE, buckets=TTFT_BUCKETS)
+INFLIGHT = Gauge("llmgw_gateway_inflight_requests", "Requests in flight through the gateway, by replica.",
+                 _ROUTE, multiprocess_mode="livesum")
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
-        self.requests: dict[tuple[str, str, str, str], int] = {}  # (model, replica, endpoint, code)
-        self.errors: dict[tuple[str, str], int] = {}  # (model, kind)
-        self.latency = Histogram(LATENCY_BUCKETS)  # (model, replica)
-        self.ttft = Histogram(TTFT_BUCKETS)  # (model, replica)
-        self.retries: dict[str, int] = {}  # model
+    """What the request path records."""
 
     def request(self, model: str, replica: str, endpoint: str, code: int) -> None:
-        labels = (model, replica, endpoint, str(code))
-        self.requests[labels] = self.requests.get(labels, 0) + 1
+        REQUESTS.labels(model, replica, endpoint, str(code)).inc()
 
     def error(self, model: str, kind: str) -> None:
-        labels = (model, kind)
-        self.errors[labels] = self.errors.get(labels, 0) + 1
+        ERRORS.labels(model, kind).inc()
 
     def retry(self, model: str) -> None:
-        self.retries[model] = self.retries.get(model, 0) + 1
+        RETRIES.labels(model).inc()
+
+    def latency(self, model: str, replica: str, seconds: float) -> None:
+        LATENCY.labels(model, replica).observe(seconds)
+
+    def ttft(self, model: str, replica: str, seconds: float) -> None:
+        TTFT.labels(model, replica).observe(seconds)
+
+    def inflight(self, model: str, replica: str, count: int) -> None:
+        INFLIGHT.labels(model, replica).set(count)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class ClusterCollector:
+    """The cluster's figures, from ``gateway.selectors.cluster_gauges`` read for this scrape."""
+
+    def __init__(self, cluster: dict[str, Any]) -> None:
+        self.cluster = cluster
+
+    def collect(self):
+        cluster = self.cluster
+        replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by model and status.", labels=("model", "status"))
+        for model in sorted({m for m, _ in cluster["replicas"]}):
+            for status in cluster["replica_statuses"]:
+                replicas.add_metric((model, status), cluster["replicas"].get((model, status), 0))
+        yield replicas
+        nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by status.", labels=("status",))
+        for status, count in sorted(cluster["nodes"].items()):
+            nodes.add_metric((status,), count)
+        yield nodes
+        ages = GaugeMetricFamily("llmgw_node_heartbeat_age_seconds", "Seconds since each node's last heartbeat.",
+                                 labels=("node",))
+        for node, age in sorted(cluster["node_heartbeat_age"].items()):
+            if age is not None:
+                ages.add_metric((node,), round(age, 3))
+        yield ages
+        gpus = GaugeMetricFamily("llmgw_gpus", "GPUs by node, allocated to replicas or free.", labels=("node", "state"))
+        for node, (allocated, free) in sorted(cluster["gpus"].items()):
+            gpus.add_metric((node, "allocated"), allocated)
+            gpus.add_metric((node, "free"), free)
+        yield gpus
+        yield GaugeMetricFamily("llmgw_gpus_allocated", "GPUs allocated to replicas, cluster-wide.",
+                                value=sum(a for a, _ in cluster["gpus"].values()))
+        yield GaugeMetricFamily("llmgw_gpus_free", "GPUs not allocated, cluster-wide.",
+                                value=sum(f for _, f in cluster["gpus"].values()))
 
 
-def _labels(names: tuple[str, ...], values: tuple, extra: str = "") -> str:
-    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+def _forget_dead_gauges() -> None:
+    for pid in {_pid_of(p) for p in METRICS_DIR.glob("gauge_live*.db")}:
+        if pid is not None and not _alive(pid):
+            mark_process_dead(pid, str(METRICS_DIR))
 
 
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    return repr(float(value))
-
-
-class Exposition:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, names: tuple[str, ...], values: tuple, value: float, extra: str = "") -> None:
-        self.lines.append(f"{name}{_labels(names, values, extra)} {_number(value)}")
-
-    def histogram(self, name: str, help_text: str, names: tuple[str, ...], histogram: Histogram) -> None:
-        self.family(name, "histogram", help_text)
-        for values, row in sorted(histogram.series.items()):
-            cumulative = 0
-            for bound, count in zip(histogram.buckets, row):
-                cumulative += count
-                self.sample(f"{name}_bucket", names, values, cumulative, f'le="{bound:g}"')
-            self.sample(f"{name}_bucket", names, values, row[-1], 'le="+Inf"')
-            self.sample(f"{name}_sum", names, values, row[-2])
-            self.sample(f"{name}_count", names, values, row[-1])
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-def render(metrics: GatewayMetrics, inflight: dict[int, tuple[str, int]], cluster: dict[str, Any] | None) -> str:
-    """The whole /metrics page: this process's gateway figures, then the cluster's."""
-    out = Exposition()
-    out.family("llmgw_gateway_requests_total", "counter", "Requests answered by this gateway process.")
-    for values, count in sorted(metrics.requests.items()):
-        out.sample("llmgw_gateway_requests_total", ("model", "replica", "endpoint", "code"), values, count)
-    out.family("llmgw_gateway_errors_total", "counter", "Requests that failed, by reason.")
-    for values, count in sorted(metrics.errors.items()):
-        out.sample("llmgw_gateway_errors_total", ("model", "kind"), values, count)
-    out.family("llmgw_gateway_retries_total", "counter", "Requests retried on another replica after a failed connection.")
-    for model, count in sorted(metrics.retries.items()):
-        out.sample("llmgw_gateway_retries_total", ("model",), (model,), count)
-    out.histogram("llmgw_gateway_request_duration_seconds", "Time from request to last byte, by model and replica.",
-                  ("model", "replica"), metrics.latency)
-    out.histogram("llmgw_gateway_time_to_first_token_seconds", "Time from request to first streamed chunk.",
-                  ("model", "replica"), metrics.ttft)
-    out.family("llmgw_gateway_inflight_requests", "gauge", "Requests in flight from this process, by replica.")
-    for replica_id, (model, count) in sorted(inflight.items()):
-        out.sample("llmgw_gateway_inflight_requests", ("model", "replica"), (model, replica_id), count)
-    if cluster is None:
-        return out.text()
-    out.family("llmgw_replicas", "gauge", "Replicas by model and status.")
-    models = sorted({m for m, _ in cluster["replicas"]})
-    for model in models:
-        for status in cluster["replica_statuses"]:
-            out.sample("llmgw_replicas", ("model", "status"), (model, status), cluster["replicas"].get((model, status), 0))
-    out.family("llmgw_nodes", "gauge", "Nodes by status.")
-    for status, count in sorted(cluster["nodes"].items()):
-        out.sample("llmgw_nodes", ("status",), (status,), count)
-    out.family("llmgw_node_heartbeat_age_seconds", "gauge", "Seconds since each node's last heartbeat.")
-    for node, age in sorted(cluster["node_heartbeat_age"].items()):
-        if age is not None:
-            out.sample("llmgw_node_heartbeat_age_seconds", ("node",), (node,), round(age, 3))
-    out.family("llmgw_gpus", "gauge", "GPUs by node, allocated to replicas or free.")
-    for node, (allocated, free) in sorted(cluster["gpus"].items()):
-        out.sample("llmgw_gpus", ("node", "state"), (node, "allocated"), allocated)
-        out.sample("llmgw_gpus", ("node", "state"), (node, "free"), free)
-    total_allocated = sum(a for a, _ in cluster["gpus"].values())
-    total_free = sum(f for _, f in cluster["gpus"].values())
-    out.family("llmgw_gpus_allocated", "gauge", "GPUs allocated to replicas, cluster-wide.")
-    out.sample("llmgw_gpus_allocated", (), (), total_allocated)
-    out.family("llmgw_gpus_free", "gauge", "GPUs not allocated, cluster-wide.")
-    out.sample("llmgw_gpus_free", (), (), total_free)
-    return out.text()
+def render(cluster: dict[str, Any] | None) -> bytes:
+    """The whole /metrics page: the gateway's figures from every web process, then the cluster's."""
+    _forget_dead_gauges()
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(METRICS_DIR))
+    if cluster is not None:
+        registry.register(ClusterCollector(cluster))
+    return generate_latest(registry)

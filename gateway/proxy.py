@@ -18,6 +18,7 @@ import time
 from typing import Any, AsyncIterator
 
 import aiohttp
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from .choices import ErrorKind
@@ -76,7 +77,7 @@ class Attempt:
         if kind:
             metrics.error(self.model, kind)
         if route is not None:
-            metrics.latency.observe((self.model, replica), time.perf_counter() - self.started)
+            metrics.latency(self.model, replica, time.perf_counter() - self.started)
 
 
 async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, strip_usage: bool) -> HttpResponse:
@@ -179,7 +180,7 @@ async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientRespons
         async for chunk in response.content.iter_any():
             if first:
                 first = False
-                gw.metrics.ttft.observe((model, route.label), time.perf_counter() - attempt.started)
+                gw.metrics.ttft(model, route.label, time.perf_counter() - attempt.started)
             if _USAGE_OBJECT.search(chunk):
                 chunk, used = _take_usage(chunk, strip_usage)
                 prompt, completion = used if used != (0, 0) else (prompt, completion)
@@ -226,8 +227,6 @@ def _timeout(model: str, route: Route) -> HttpResponse:
 
 
 def _no_replica(attempt: Attempt) -> HttpResponse:
-    from django.conf import settings
-
     attempt.done(None, 503, ErrorKind.NO_READY_REPLICA)
     return openai_error(
         503, f"model {attempt.model} has no ready replica right now; try again shortly",

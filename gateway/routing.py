@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from yarl import URL
 
+from .metrics import INFLIGHT
 from .selectors import RoutingSnapshot
 
 # A replica that refused a connection gets no requests for this long (unless
@@ -21,16 +22,26 @@ EJECT_SECONDS = 5.0
 class Route:
     """One ready replica's leader, with this process's requests in flight on it."""
 
-    __slots__ = ("replica_id", "model", "base_url", "label", "inflight", "down_until", "_urls")
+    __slots__ = ("replica_id", "model", "base_url", "label", "_inflight", "down_until", "_urls")
 
     def __init__(self, replica_id: int, model: str, base_url: str) -> None:
         self.replica_id = replica_id
         self.model = model
         self.base_url = base_url
         self.label = str(replica_id)
-        self.inflight = 0
+        self._inflight = 0
         self.down_until = 0.0
         self._urls: dict[str, URL] = {}
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, count: int) -> None:
+        # Written through to the metrics file, where the other web processes' scrapes read it.
+        self._inflight = count
+        INFLIGHT.labels(self.model, self.label).set(count)
 
     def url(self, path: str) -> URL:
         # Parsed once per route and path, not on every request.

@@ -2,8 +2,8 @@
 counters, metrics, the pooled HTTP client, and the background task that keeps
 them in step with the database.
 
-Nothing on the request path touches the database: a task polls a cheap
-fingerprint of the routing data every ``LLMGW_GATEWAY_SYNC_INTERVAL``
+Nothing on the request path touches the database: a task polls the routing
+version (``selectors.routing_version``) every ``LLMGW_GATEWAY_SYNC_INTERVAL``
 (0.2 s), reloads the table when it moves, publishes this process's in-flight
 counts for drains, and adds the keys' usage in batches. The database work
 runs on one thread of its own, so it never blocks the event loop.
@@ -31,10 +31,12 @@ from .routing import Key, RoutingTable
 
 logger = logging.getLogger(__name__)
 
-# A full reload now and then, whatever the fingerprint says (a node's address may change).
+# A full reload now and then, whatever the routing version says (a node's address may change).
 FULL_RELOAD_EVERY = 5.0
 PUBLISH_AT_LEAST_EVERY = 1.0
 USAGE_FLUSH_EVERY = 2.0
+# How often a process deletes the records of processes long gone.
+PRUNE_EVERY = 30.0
 CLUSTER_GAUGES_MAX_AGE = 1.0
 
 
@@ -56,6 +58,7 @@ class Gateway:
         self._published: tuple | None = None
         self._published_at = 0.0
         self._flushed_at = time.monotonic()
+        self._pruned_at = 0.0
         self._cluster: tuple[float, dict | None] = (0.0, None)
         self._last_sync_error = 0.0
 
@@ -194,6 +197,9 @@ class Gateway:
                 self._db, lambda: services.gateway_process_publish(
                     name=self.name, routes=list(state[0]), inflight_counts=dict(state[1])))
             self._published, self._published_at = state, now
+        if now - self._pruned_at >= PRUNE_EVERY:
+            self._pruned_at = now
+            await loop.run_in_executor(self._db, services.gateway_processes_prune)
         if self.usage and now - self._flushed_at >= USAGE_FLUSH_EVERY:
             usage, self.usage = self.usage, {}
             self._flushed_at = now

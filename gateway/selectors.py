@@ -10,6 +10,12 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count
 
+from nodes.choices import NodeStatus
+from nodes.models import Gpu, Node
+from nodes.selectors import age_seconds, node_last_seen
+from replicas.choices import ReplicaStatus
+from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
+
 from . import inflight
 from .models import ApiKey
 
@@ -37,14 +43,12 @@ class RoutingSnapshot:
 
 
 def routing_version() -> tuple:
-    """A cheap fingerprint of everything the routing table is made from: the
-    replicas (any status change moves it), the catalog and the API keys. One
-    query, run by every gateway process a few times a second."""
-    from replicas.choices import ReplicaStatus
-    from replicas.models import Model, Replica
-
+    """The routing version: a value that moves whenever anything the routing
+    table is made from changes: the replicas (any status change moves it), the
+    catalog and the API keys. One query, run by every gateway process a few
+    times a second."""
     q = connection.ops.quote_name
-    replica, model, key = (q(m._meta.db_table) for m in (Replica, Model, ApiKey))
+    replica, model, key = (q(m._meta.db_table) for m in (Replica, CatalogEntry, ApiKey))
     sql = (
         f"SELECT (SELECT COUNT(*) FROM {replica}), (SELECT MAX(status_changed_at) FROM {replica}),"
         f" (SELECT COUNT(*) FROM {replica} WHERE status = %s), (SELECT SUM(id) FROM {replica} WHERE status = %s),"
@@ -58,11 +62,8 @@ def routing_version() -> tuple:
 
 def routing_snapshot() -> RoutingSnapshot:
     """The catalog, the leader address of every ready replica, and the live keys."""
-    from replicas.choices import ReplicaStatus
-    from replicas.models import Member, Model
-
     catalog = {name: int(created.timestamp()) for name, created in
-               Model.objects.filter(removing=False).values_list("name", "created_at")}
+               CatalogEntry.objects.filter(removing=False).values_list("name", "created_at")}
     routes = []
     members = (
         Member.objects.filter(serves_http=True, replica__status=ReplicaStatus.READY)
@@ -114,12 +115,6 @@ def key_get(*, name: str) -> ApiKey | None:
 
 def cluster_gauges() -> dict[str, Any]:
     """Replicas by model and status, nodes by status, heartbeat ages, GPUs."""
-    from nodes.choices import NodeStatus
-    from nodes.models import Gpu, Node
-    from nodes.selectors import age_seconds, node_last_seen
-    from replicas.choices import ReplicaStatus
-    from replicas.models import GpuAllocation, Replica
-
     replicas = {(m, s): n for m, s, n in
                 Replica.objects.values_list("model__name", "status").annotate(n=Count("id")).order_by()}
     nodes = list(Node.objects.only("name", "status", "last_heartbeat_at"))

@@ -1,4 +1,5 @@
-"""Writes for the gateway: API keys, their usage, and each process's record."""
+"""Writes for the gateway: API keys, their usage, and each process's record
+(published, forgotten, and pruned when its process is long gone)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from nodes.exceptions import NotFound
+from replicas.models import CatalogEntry
 
 from . import inflight
 from .models import KEY_NAME, ApiKey
@@ -40,15 +42,13 @@ class CreatedKey:
 
 def key_create(*, name: str, models: list[str] | None = None) -> CreatedKey:
     """A new key, optionally restricted to some catalog models."""
-    from replicas.models import Model
-
     KEY_NAME(name)
     allowed = sorted({m.strip() for m in models or [] if m.strip()})
     if allowed:
-        known = set(Model.objects.filter(name__in=allowed).values_list("name", flat=True))
+        known = set(CatalogEntry.objects.filter(name__in=allowed).values_list("name", flat=True))
         unknown = [m for m in allowed if m not in known]
         if unknown:
-            catalog = ", ".join(Model.objects.values_list("name", flat=True)) or "nothing yet"
+            catalog = ", ".join(CatalogEntry.objects.values_list("name", flat=True)) or "nothing yet"
             raise ValidationError(f"no such model in the catalog: {', '.join(unknown)} (the catalog has: {catalog})")
     if ApiKey.objects.filter(name=name).exists():
         raise ValidationError(f"a key named {name!r} exists already; revoke it or choose another name")
@@ -99,3 +99,9 @@ def gateway_process_publish(*, name: str, routes: list[int], inflight_counts: di
 
 def gateway_process_forget(*, name: str) -> None:
     inflight.store().forget(name)
+
+
+def gateway_processes_prune() -> int:
+    """Delete the records of processes gone for longer than
+    ``inflight.FORGET_AFTER`` (and unreadable ones); return how many."""
+    return inflight.store().prune()

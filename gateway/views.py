@@ -7,6 +7,7 @@ import json
 import logging
 import time
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from . import metrics as metrics_module
@@ -125,8 +126,6 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
                        param="model")
     if model not in gw.table.by_model:
         if model in gw.table.catalog:
-            from django.conf import settings
-
             return _refuse(gw, endpoint, model, 503, f"Model `{model}` has no ready replica right now; try again shortly.",
                            ErrorKind.NO_READY_REPLICA, headers={"Retry-After": str(settings.LLMGW_GATEWAY_RETRY_AFTER)})
         # An unknown name is not a metrics label: clients could make up any number of them.
@@ -167,6 +166,4 @@ async def metrics(request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.warning("metrics: could not read the cluster's figures", exc_info=True)
         cluster = None
-    inflight = {r.replica_id: (r.model, r.inflight) for r in gw.table.routes.values()}
-    text = metrics_module.render(gw.metrics, inflight, cluster).encode()
-    return json_response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
+    return json_response(metrics_module.render(cluster), content_type=metrics_module.CONTENT_TYPE)

@@ -29,4 +29,9 @@ def _beat_schedule(sender, **_kwargs):
             "schedule": settings.LLMGW_RECONCILE_INTERVAL,
             "options": {"expires": settings.LLMGW_RECONCILE_INTERVAL},
         },
+        "provisioning-resume-stalled": {
+            "task": "provisioning.tasks.jobs_resume_stalled",
+            "schedule": settings.LLMGW_PROVISION_SWEEP_INTERVAL,
+            "options": {"expires": settings.LLMGW_PROVISION_SWEEP_INTERVAL},
+        },
     }

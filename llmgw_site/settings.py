@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "nodes",
     "replicas",
     "gateway",
+    "provisioning",
 ]
 
 if ROLE == "agent-api":
@@ -280,3 +281,29 @@ LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=3
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
+# The web processes of one machine add up their /metrics figures through files
+# here (prometheus_client's multiprocess mode). prometheus_client takes the
+# directory from its environment variable when it is imported, hence the
+# assignment: settings load before any app module.
+LLMGW_METRICS_DIR = Path(env.str("LLMGW_METRICS_DIR", default=str(DATA_DIR / "metrics"))).resolve()
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(LLMGW_METRICS_DIR)
+
+# --- provisioning (Proxmox VMs) -----------------------------------------------
+
+# Per request to a hypervisor; proxmoxer's own 5 s is shorter than a create
+# waiting on a config lock.
+LLMGW_PROXMOX_TIMEOUT = env.float("LLMGW_PROXMOX_TIMEOUT", default=60.0)
+# How long a job waits for one Proxmox task, for an unanswering hypervisor,
+# and for SSH on a new VM.
+LLMGW_PROVISION_TASK_DEADLINE = env.float("LLMGW_PROVISION_TASK_DEADLINE", default=900.0)
+LLMGW_PROVISION_UNREACHABLE_DEADLINE = env.float("LLMGW_PROVISION_UNREACHABLE_DEADLINE", default=300.0)
+LLMGW_PROVISION_SSH_DEADLINE = env.float("LLMGW_PROVISION_SSH_DEADLINE", default=600.0)
+LLMGW_PROVISION_SSH_PORT = env.int("LLMGW_PROVISION_SSH_PORT", default=22)
+# Polling a task: from this interval, doubling up to the ceiling.
+LLMGW_PROVISION_POLL_MIN = env.float("LLMGW_PROVISION_POLL_MIN", default=1.0)
+LLMGW_PROVISION_POLL_MAX = env.float("LLMGW_PROVISION_POLL_MAX", default=10.0)
+# A worker holds a job this long per step; killed, the job resumes after it.
+LLMGW_PROVISION_LEASE = env.float("LLMGW_PROVISION_LEASE", default=300.0)
+# A job whose next advance is this late is enqueued again by the sweep.
+LLMGW_PROVISION_STALL_GRACE = env.float("LLMGW_PROVISION_STALL_GRACE", default=30.0)
+LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)

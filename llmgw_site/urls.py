@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/v1/", include("pki.api.urls")),
     path("api/v1/", include("replicas.api.urls")),
     path("api/v1/", include("gateway.api.urls")),
+    path("api/v1/", include("provisioning.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

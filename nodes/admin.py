@@ -1,6 +1,8 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from .exceptions import InvalidTransition, NotFound
 from .models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
+from .services import node_cordon, node_uncordon
 
 
 class GpuInline(admin.TabularInline):
@@ -28,22 +30,14 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cordon the selected nodes")
     def cordon(self, request, queryset):
-        from .services import node_cordon
-
         self._each(request, queryset, node_cordon, "cordoned")
 
     @admin.action(description="Uncordon the selected nodes")
     def uncordon(self, request, queryset):
-        from .services import node_uncordon
-
         self._each(request, queryset, node_uncordon, "uncordoned")
 
     def _each(self, request, queryset, service, done: str) -> None:
         """Apply a transition per node; a node that cannot make it is reported, not a 500."""
-        from django.contrib import messages
-
-        from .exceptions import InvalidTransition, NotFound
-
         changed = []
         for node in queryset:
             try:

@@ -33,14 +33,12 @@ class EventKind(models.TextChoices):
     NODE_REGISTERED = "node.registered"
     NODE_STATUS = "node.status"
     NODE_INVENTORY = "node.inventory"
-    NODE_REFUSED = "node.refused"
     CONTROL_PLANE = "control_plane"
-    CERTIFICATE = "certificate"
     MODEL = "model"
     REPLICA_STATUS = "replica.status"
     REPLICA_PENDING = "replica.pending"
-    REPLICA_MEMBER = "replica.member"
     DRAIN = "drain"
+    PROVISIONING = "provisioning"
 
 
 class EventSeverity(models.TextChoices):

@@ -21,19 +21,13 @@ from typing import Any
 from django.conf import settings
 
 from . import liveness, selectors
-from .api.agent_serializers import HeartbeatSerializer
 from .choices import NodeStatus
+from .inventory import node_heartbeat_apply
 from .models import Node
-from .services import node_heartbeat_apply
+from .validation import heartbeat_clean
 
 INVENTORY_FIELDS = ("agent_version", "mgmt_addr", "mgmt_interface", "fabrics", "gpus", "hcas", "discovery_errors")
 _NEEDS_APPLY = (NodeStatus.REGISTERED, NodeStatus.LOST)
-
-
-class HeartbeatInvalid(ValueError):
-    def __init__(self, errors: dict[str, Any]) -> None:
-        super().__init__("invalid heartbeat")
-        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -106,10 +100,7 @@ def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]
         or row["inventory_hash"] != inv_hash
         or engines_hash(row["engines"]) != eng_hash
     ):
-        serializer = HeartbeatSerializer(data=payload)
-        if not serializer.is_valid():
-            raise HeartbeatInvalid(serializer.errors)
-        data = serializer.validated_data
+        data = heartbeat_clean(payload)
         node = node_heartbeat_apply(
             node_name=node_name,
             inventory={k: data[k] for k in INVENTORY_FIELDS},

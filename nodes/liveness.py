@@ -23,8 +23,12 @@ import logging
 import threading
 import time
 from datetime import timezone as dt_timezone
+
+import redis
 from django.conf import settings
 from django.utils import timezone
+
+from .models import ControlPlaneClock, Node
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +136,6 @@ class RedisLiveness:
     caches_nodes = True
 
     def __init__(self, url: str) -> None:
-        import redis
-
         self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         self.feed: HeartbeatFeed | None = None
 
@@ -210,8 +212,6 @@ class DatabaseLiveness:
         pass
 
     def touch(self, node: str, at: float) -> int:
-        from .models import Node
-
         Node.objects.filter(name=node).update(last_heartbeat_at=_aware(at))
         return 0
 
@@ -225,14 +225,10 @@ class DatabaseLiveness:
         self.touch(node, at)
 
     def seen(self, node: str) -> float | None:
-        from .models import Node
-
         value = Node.objects.filter(name=node).values_list("last_heartbeat_at", flat=True).first()
         return value.timestamp() if value else None
 
     def seen_all(self) -> dict[str, float]:
-        from .models import Node
-
         return {
             name: seen.timestamp()
             for name, seen in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at")
@@ -245,13 +241,9 @@ class DatabaseLiveness:
         pass
 
     def mark_listener_alive(self, at: float) -> None:
-        from .models import ControlPlaneClock
-
         ControlPlaneClock.objects.update_or_create(pk=1, defaults={"listener_alive_at": _aware(at)})
 
     def listener_alive_at(self) -> float | None:
-        from .models import ControlPlaneClock
-
         clock = ControlPlaneClock.objects.filter(pk=1).first()
         return clock.listener_alive_at.timestamp() if clock and clock.listener_alive_at else None
 

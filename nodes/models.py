@@ -1,5 +1,3 @@
-import datetime as dt
-
 from django.db import models
 
 from .choices import EventKind, EventSeverity, NodeStatus
@@ -50,11 +48,6 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def heartbeat_deadline(self, grace: float) -> dt.datetime | None:
-        if self.last_heartbeat_at is None:
-            return None
-        return self.last_heartbeat_at + dt.timedelta(seconds=grace)
 
 
 class Gpu(models.Model):

@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from . import liveness
+from . import hooks, liveness
 from .models import Event, Fabric, Gpu, Hca, Node
 
 
@@ -36,8 +36,6 @@ def node_last_seen(nodes) -> dict[str, dt.datetime | None]:
 
 def node_desired_state(*, node_name: str, version: int) -> dict[str, Any]:
     """What the node should run, from the apps that place work on nodes."""
-    from . import hooks
-
     members: list[dict[str, Any]] = []
     for provider in hooks.desired_member_providers:
         members.extend(provider(node_name=node_name))
@@ -45,8 +43,6 @@ def node_desired_state(*, node_name: str, version: int) -> dict[str, Any]:
 
 
 def node_replica_counts() -> dict[str, int]:
-    from . import hooks
-
     counts: dict[str, int] = {}
     for counter in hooks.replica_counters:
         for name, count in counter().items():

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 
+from agent.protocol import API_PREFIX
 from pki.authn import identity_from_der
 from pki.selectors import revoked_serials
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 CHANNEL = "llmgw:nodes:changed"
 MAX_WAIT = 60.0
-PATH_RE = re.compile(r"^/agent/v1/nodes/(?P<node>[^/]+)/desired$")
+PATH_RE = re.compile(rf"^{re.escape(API_PREFIX)}/nodes/(?P<node>[^/]+)/desired$")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,6 @@
 """The node id: one string that is VM name, hostname, node id and certificate CN."""
 
-import re
-
-NODE_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+from agent.protocol import NODE_ID_RE
 
 
 class InvalidNodeId(ValueError):

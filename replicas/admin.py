@@ -1,34 +1,32 @@
 from django import forms
 from django.contrib import admin, messages
 
-from .models import Drain, GpuAllocation, Member, Model, PortAllocation, Replica
+from .catalog import CatalogInvalid, catalog_upsert, model_remove
+from .models import CatalogEntry, Drain, GpuAllocation, Member, PortAllocation, Replica
+from .validation import ENTRY_FIELDS
 
 
-class ModelAdminForm(forms.ModelForm):
+class CatalogEntryAdminForm(forms.ModelForm):
     class Meta:
-        model = Model
-        fields = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env"]
+        model = CatalogEntry
+        fields = ENTRY_FIELDS
 
 
-@admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+@admin.register(CatalogEntry)
+class CatalogEntryAdmin(admin.ModelAdmin):
     """Writes go through the catalog service, like 'llmgw ctl apply'."""
 
-    form = ModelAdminForm
+    form = CatalogEntryAdminForm
     list_display = ("name", "engine", "nodes", "gpus_per_node", "replicas", "never_fits_reason")
     search_fields = ("name",)
 
     def save_model(self, request, obj, form, change):
-        from .catalog import CatalogInvalid, catalog_upsert
-
         try:
-            catalog_upsert(entry={f: getattr(obj, f) for f in ModelAdminForm.Meta.fields})
+            catalog_upsert(entry={f: getattr(obj, f) for f in ENTRY_FIELDS})
         except CatalogInvalid as exc:
             messages.error(request, f"not saved: {exc}")
 
     def delete_model(self, request, obj):
-        from .catalog import model_remove
-
         model_remove(name=obj.name)
 
 

@@ -41,3 +41,20 @@ class MemberState(models.TextChoices):
     RUNNING = "running"
     EXITED = "exited"
     GONE = "gone"  # no longer on the node: its GPUs and ports are free
+
+
+class DrainStatus(models.TextChoices):
+    RUNNING = "running"
+    BLOCKED = "blocked"  # a replica cannot be moved anywhere; it keeps running
+    DONE = "done"
+
+
+DRAIN_TRANSITIONS: dict[str, set[str]] = {
+    # Blocked and back: a replica that fits nowhere, then fits again. A drain
+    # is done once its node holds nothing, blocked or not.
+    DrainStatus.RUNNING: {DrainStatus.BLOCKED, DrainStatus.DONE},
+    DrainStatus.BLOCKED: {DrainStatus.RUNNING, DrainStatus.DONE},
+    DrainStatus.DONE: set(),
+}
+# Still moving replicas: at most one per node (a constraint on Drain).
+DRAIN_ACTIVE = frozenset({DrainStatus.RUNNING, DrainStatus.BLOCKED})

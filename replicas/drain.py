@@ -7,29 +7,68 @@ from django.db import transaction
 from django.utils import timezone
 
 from nodes.choices import EventKind, EventSeverity, NodeStatus
+from nodes.events import event_record
 from nodes.exceptions import InvalidTransition, NotFound
 from nodes.models import Node
-from nodes.services import event_record, node_transition
+from nodes.services import node_transition
+from nodes.statemachine import StateMachine
 
-from .choices import PLACED, ReplicaStatus
+from .choices import DRAIN_ACTIVE, DRAIN_TRANSITIONS, PLACED, DrainStatus, ReplicaStatus
+from .enqueue import reconcile_after_commit
+from .exceptions import InvalidDrainTransition
 from .models import Drain, Replica
 from .services import replica_transition
 
 
-def _log(drain: Drain, message: str, severity: str = EventSeverity.INFO) -> None:
+def _log_line(drain: Drain, message: str) -> None:
     drain.log = [*drain.log, f"{timezone.now():%H:%M:%S} {message}"][-200:]
+
+
+def _log(drain: Drain, message: str, severity: str = EventSeverity.INFO) -> None:
+    _log_line(drain, message)
     event_record(kind=EventKind.DRAIN, subject=f"node/{drain.node.name}", message=f"drain: {message}",
                  node=drain.node, severity=severity)
 
 
-def drain_start(*, node_name: str) -> Drain:
-    from . import tasks
+class DrainStates(StateMachine):
+    """A drain's status changes; the reason is the line added to its log, and
+    its Event is that line, like every other step of the drain."""
 
+    noun = "drain"
+    table = DRAIN_TRANSITIONS
+    error = InvalidDrainTransition
+    event_kind = EventKind.DRAIN
+    reason_field = None
+
+    def subject(self, drain: Drain) -> str:
+        return f"node/{drain.node.name}"
+
+    def message(self, drain: Drain, previous: str, to: str, reason: str) -> str:
+        return f"drain: {reason}"
+
+    def event_node(self, drain: Drain) -> Node:
+        return drain.node
+
+    def changing(self, drain: Drain, previous: str, to: str) -> list[str]:
+        return ["log", *(["finished_at"] if to == DrainStatus.DONE else [])]
+
+    def apply(self, drain: Drain, *, to: str, reason: str = "", severity: str = EventSeverity.INFO) -> str:
+        self.check(drain, to)
+        _log_line(drain, reason)
+        if to == DrainStatus.DONE:
+            drain.finished_at = timezone.now()
+        return super().apply(drain, to=to, reason=reason, severity=severity)
+
+
+DRAIN_STATES = DrainStates()
+
+
+def drain_start(*, node_name: str) -> Drain:
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=node_name).first()
         if node is None:
             raise NotFound(f"no node named {node_name!r}; 'llmgw ctl nodes' lists them")
-        active = Drain.objects.filter(node=node, status__in=[Drain.Status.RUNNING, Drain.Status.BLOCKED]).first()
+        active = Drain.objects.filter(node=node, status__in=DRAIN_ACTIVE).first()
         if active is not None:
             return active
         if node.status not in (NodeStatus.READY, NodeStatus.CORDONED):
@@ -38,7 +77,7 @@ def drain_start(*, node_name: str) -> Drain:
         drain = Drain.objects.create(node=node, remaining=_placed_on(node).count())
         _log(drain, f"started: {drain.remaining} replica(s) to move, one at a time")
         drain.save(update_fields=["log"])
-        transaction.on_commit(lambda: tasks.replicas_reconcile.delay())
+        reconcile_after_commit()
     return drain
 
 
@@ -50,7 +89,7 @@ def drain_step(*, drain_id: int) -> None:
     """Advance a drain as far as it can go now. Idempotent."""
     with transaction.atomic():
         drain = Drain.objects.select_for_update(of=("self",)).select_related("node", "current__model").filter(pk=drain_id).first()
-        if drain is None or drain.status not in (Drain.Status.RUNNING, Drain.Status.BLOCKED):
+        if drain is None or drain.status not in DRAIN_ACTIVE:
             return
         node = drain.node
         current = drain.current
@@ -74,31 +113,39 @@ def drain_step(*, drain_id: int) -> None:
                     current = None
                 else:
                     stuck = Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="").first()
-                    if stuck is not None and drain.status != Drain.Status.BLOCKED:
-                        drain.status = Drain.Status.BLOCKED
-                        _log(drain, f"{model.name} replica {current.pk} cannot be moved anywhere, so it keeps "
-                             f"running on {node.name}: {stuck.pending_reason}", EventSeverity.ERROR)
-                    elif stuck is None and drain.status == Drain.Status.BLOCKED:
-                        drain.status = Drain.Status.RUNNING
-                        _log(drain, f"{model.name} replica {current.pk}: a replacement fits now")
+                    if stuck is not None and drain.status != DrainStatus.BLOCKED:
+                        DRAIN_STATES.apply(
+                            drain, to=DrainStatus.BLOCKED, severity=EventSeverity.ERROR,
+                            reason=f"{model.name} replica {current.pk} cannot be moved anywhere, so it keeps "
+                            f"running on {node.name}: {stuck.pending_reason}",
+                        )
+                    elif stuck is None and drain.status == DrainStatus.BLOCKED:
+                        DRAIN_STATES.apply(
+                            drain, to=DrainStatus.RUNNING,
+                            reason=f"{model.name} replica {current.pk}: a replacement fits now",
+                        )
         if current is None:
             following = _placed_on(node).filter(draining=False).first()
             if following is not None:
                 Replica.objects.filter(pk=following.pk).update(draining=True)
                 drain.current = following
-                drain.status = Drain.Status.RUNNING
-                _log(drain, f"moving {following.model.name} replica {following.pk}: scheduling its replacement")
+                message = f"moving {following.model.name} replica {following.pk}: scheduling its replacement"
+                if drain.status == DrainStatus.BLOCKED:
+                    DRAIN_STATES.apply(drain, to=DrainStatus.RUNNING, reason=message)
+                else:
+                    _log(drain, message)
             elif not _placed_on(node).exists() and not Replica.objects.filter(
                 members__node=node, status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED]
             ).exists():
-                drain.status = Drain.Status.DONE
-                drain.finished_at = timezone.now()
                 node_transition(node_name=node.name, to=NodeStatus.DRAINED, expected=NodeStatus.DRAINING,
                                 reason=f"drained: {drain.moved} replica(s) moved")
-                _log(drain, f"done: {drain.moved} replica(s) moved; {node.name} holds none")
+                DRAIN_STATES.apply(
+                    drain, to=DrainStatus.DONE,
+                    reason=f"done: {drain.moved} replica(s) moved; {node.name} holds none",
+                )
         drain.remaining = _placed_on(node).count()
         drain.save()
 
 
 def drains_active():
-    return Drain.objects.filter(status__in=[Drain.Status.RUNNING, Drain.Status.BLOCKED]).values_list("pk", flat=True)
+    return Drain.objects.filter(status__in=DRAIN_ACTIVE).values_list("pk", flat=True)

@@ -7,12 +7,13 @@ from typing import Any
 
 from nodes.models import Node
 
-from .models import Member, Model
+from .engines import LaunchInput, launch_spec
+from .models import CatalogEntry, Member
 
 
 def member_launch(
     *,
-    model: Model,
+    model: CatalogEntry,
     member: Member,
     node: Node,
     fabric: str | None,
@@ -21,8 +22,6 @@ def member_launch(
     rendezvous_port: int | None,
     worker_port: int | None = None,
 ) -> dict[str, Any]:
-    from .engines import LaunchInput, launch_spec
-
     hcas = sorted(h.name for h in node.hcas.all() if fabric and h.fabric and h.fabric.name == fabric)
     spec = launch_spec(
         LaunchInput(

@@ -3,7 +3,7 @@ from django.db import models
 
 from nodes.models import Fabric, Gpu, Node
 
-from .choices import Engine, MemberState, ReplicaStatus
+from .choices import DrainStatus, Engine, MemberState, ReplicaStatus
 
 MODEL_NAME = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
@@ -12,8 +12,9 @@ MODEL_NAME = RegexValidator(
 )
 
 
-class Model(models.Model):
-    """A catalog entry: what to serve, in which shape, how many times."""
+class CatalogEntry(models.Model):
+    """A model in the catalog: what to serve, in which shape, how many times.
+    (The operator API and the CLI call it a model.)"""
 
     name = models.CharField(max_length=128, unique=True, validators=[MODEL_NAME])
     engine = models.CharField(max_length=16, choices=Engine.choices)
@@ -32,6 +33,8 @@ class Model(models.Model):
 
     class Meta:
         ordering = ["name"]
+        verbose_name = "catalog entry"
+        verbose_name_plural = "catalog entries"
         constraints = [
             models.CheckConstraint(condition=models.Q(engine__in=Engine.values), name="%(app_label)s_%(class)s_engine_valid"),
             models.CheckConstraint(condition=models.Q(nodes__gte=1), name="%(app_label)s_%(class)s_nodes_positive"),
@@ -43,7 +46,7 @@ class Model(models.Model):
 
 
 class Replica(models.Model):
-    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replica_set")
+    model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="replica_set")
     status = models.CharField(max_length=16, choices=ReplicaStatus.choices, default=ReplicaStatus.PENDING)
     status_changed_at = models.DateTimeField()
     status_reason = models.TextField(blank=True)
@@ -128,14 +131,9 @@ class Drain(models.Model):
     """A node being emptied, one replica at a time; a row so a person can
     watch it and a restarted worker can carry it on."""
 
-    class Status(models.TextChoices):
-        RUNNING = "running"
-        BLOCKED = "blocked"  # a replica cannot be moved anywhere; it keeps running
-        DONE = "done"
-        CANCELLED = "cancelled"
-
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="drains")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    status = models.CharField(max_length=16, choices=DrainStatus.choices, default=DrainStatus.RUNNING)
+    status_changed_at = models.DateTimeField(auto_now_add=True)
     current = models.ForeignKey(Replica, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     moved = models.PositiveIntegerField(default=0)
     remaining = models.PositiveIntegerField(default=0)
@@ -151,3 +149,6 @@ class Drain(models.Model):
                 name="%(app_label)s_%(class)s_one_active_per_node",
             ),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.pk} of {self.node.name}"

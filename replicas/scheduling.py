@@ -1,5 +1,5 @@
 """Placing pending replicas: a snapshot of the cluster, the pure ``place``
-function of ``replicas.scheduler``, and persistence under row locks.
+function of ``replicas.placement``, and persistence under row locks.
 
 The snapshot is read once per batch and updated in memory as replicas are
 placed; the database has the last word: a GPU allocated twice violates a
@@ -16,13 +16,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from nodes.choices import EventKind, EventSeverity, NodeStatus
+from nodes.events import event_record
 from nodes.models import Fabric, Gpu, Node
-from nodes.services import event_record, nodes_desired_changed
+from nodes.services import nodes_desired_changed
 
-from . import scheduler
+from . import placement
 from .choices import PLACED, MemberState, ReplicaStatus
+from .engines import member_ports
 from .launch import member_launch
-from .models import GpuAllocation, Member, Model, PortAllocation, Replica
+from .models import CatalogEntry, GpuAllocation, Member, PortAllocation, Replica
 from .services import replicas_transition_scheduled
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ def _orphaned_nodes(nodes: list[Node]) -> set[str]:
     return orphaned
 
 
-def cluster_snapshot() -> scheduler.ClusterSnapshot:
+def cluster_snapshot() -> placement.ClusterSnapshot:
     # Lost nodes too, unschedulable: a reason names them, and never_fits must
     # not call a shape impossible while a node is only away.
     nodes = list(Node.objects.only("id", "name", "status", "engines"))
@@ -70,7 +72,7 @@ def cluster_snapshot() -> scheduler.ClusterSnapshot:
         schedulable = node.status == NodeStatus.READY and node.name not in orphaned
         state = node.status if node.status != NodeStatus.READY else ("fencing old engines" if node.name in orphaned else "ready")
         snapshots.append(
-            scheduler.NodeSnapshot(
+            placement.NodeSnapshot(
                 node.name,
                 fabrics=tuple(fabrics[node_id]),
                 free_gpus=tuple(free[node_id]),
@@ -86,8 +88,8 @@ def cluster_snapshot() -> scheduler.ClusterSnapshot:
         entry = existing[replica_id]
         entry["model"], entry["fabric"] = model, fabric
         entry["nodes"].append(node_name)
-    replicas = [scheduler.ExistingReplica(e["model"], e["fabric"], tuple(e["nodes"])) for e in existing.values()]
-    return scheduler.ClusterSnapshot(snapshots, replicas)
+    replicas = [placement.ExistingReplica(e["model"], e["fabric"], tuple(e["nodes"])) for e in existing.values()]
+    return placement.ClusterSnapshot(snapshots, replicas)
 
 
 class _PortBook:
@@ -112,12 +114,10 @@ class _PortBook:
         )
 
 
-def placements_persist(items: list[tuple[Replica, scheduler.Placement]]) -> list[Replica]:
+def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list[Replica]:
     """Give pending replicas their placements' nodes, GPUs and ports, in one
     transaction. The unique GPU and port constraints have the last word: a
     stale snapshot raises IntegrityError and nothing of the batch is kept."""
-    from .engines import member_ports
-
     if not items:
         return []
     with transaction.atomic():
@@ -146,10 +146,10 @@ def placements_persist(items: list[tuple[Replica, scheduler.Placement]]) -> list
         # so each member is written once, whole.
         members: list[Member] = []
         port_plan: list[dict[str, int]] = []
-        for replica, placement in items:
+        for replica, plan in items:
             model = replica.model
             planned = []
-            for rank, spec in enumerate(placement.members):
+            for rank, spec in enumerate(plan.members):
                 node = nodes[spec.node]
                 purposes = member_ports(model.engine, nodes=model.nodes, rank=rank)
                 planned.append((rank, spec, node, dict(zip(purposes, book.take(node, len(purposes)))) if purposes else {}))
@@ -157,7 +157,7 @@ def placements_persist(items: list[tuple[Replica, scheduler.Placement]]) -> list
             for rank, spec, node, ports in planned:
                 member = Member(replica=replica, node=node, rank=rank, gpus=list(spec.gpus))
                 launch = member_launch(
-                    model=model, member=member, node=node, fabric=placement.fabric,
+                    model=model, member=member, node=node, fabric=plan.fabric,
                     leader=planned[0][2], http_port=leader_ports["http"],
                     rendezvous_port=leader_ports.get("rendezvous"),
                     worker_port=next(iter(ports.values()), None) if rank else None,
@@ -166,7 +166,7 @@ def placements_persist(items: list[tuple[Replica, scheduler.Placement]]) -> list
                 member.serves_http, member.health_url = launch["serves_http"], launch["health_url"] or ""
                 members.append(member)
                 port_plan.append(ports)
-            replica.fabric = fabrics.get(placement.fabric) if placement.fabric else None
+            replica.fabric = fabrics.get(plan.fabric) if plan.fabric else None
         Member.objects.bulk_create(members, batch_size=1000)
         GpuAllocation.objects.bulk_create(
             [GpuAllocation(gpu_id=gpu_ids[(m.node.id, i)], member=m, node=m.node) for m in members for i in m.gpus],
@@ -178,9 +178,9 @@ def placements_persist(items: list[tuple[Replica, scheduler.Placement]]) -> list
             batch_size=2000,
         )
         reasons = {
-            replica.pk: f"on {placement.fabric or 'a fabric-less node'}: "
-            + " + ".join(f"{m.node} GPUs {','.join(map(str, m.gpus))}" for m in placement.members)
-            for replica, placement in items
+            replica.pk: f"on {plan.fabric or 'a fabric-less node'}: "
+            + " + ".join(f"{m.node} GPUs {','.join(map(str, m.gpus))}" for m in plan.members)
+            for replica, plan in items
         }
         replicas = [replica for replica, _ in items]
         replicas_transition_scheduled(replicas=replicas, reasons=reasons)
@@ -210,13 +210,13 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
         if not pending:
             return placed
         snapshot = cluster_snapshot()
-        chosen: list[tuple[Replica, scheduler.Placement]] = []
+        chosen: list[tuple[Replica, placement.Placement]] = []
         conflict = False
         for index, replica in enumerate(pending):
             model = replica.model
-            request = scheduler.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
-            result = scheduler.place(request, snapshot)
-            if isinstance(result, scheduler.Unplaceable):
+            request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
+            result = placement.place(request, snapshot)
+            if isinstance(result, placement.Unplaceable):
                 _record_pending(replica, result.reason, result.never)
             else:
                 snapshot.allocate(result)
@@ -234,6 +234,6 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
     return placed
 
 
-def model_never_fits(model: Model, *, snapshot: scheduler.ClusterSnapshot | None = None) -> str | None:
-    request = scheduler.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
-    return scheduler.never_fits(request, snapshot or cluster_snapshot())
+def model_never_fits(model: CatalogEntry, *, snapshot: placement.ClusterSnapshot | None = None) -> str | None:
+    request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
+    return placement.never_fits(request, snapshot or cluster_snapshot())

@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Prefetch, Q
 
 from .choices import PLACED, MemberState, ReplicaStatus
-from .models import Drain, Member, Model, Replica
+from .models import CatalogEntry, Drain, Member, Replica
 
 
 def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
@@ -59,7 +59,7 @@ def replica_list(*, model: str | None = None, include_stopped: bool = False):
 
 
 def model_list():
-    return Model.objects.prefetch_related("replica_set")
+    return CatalogEntry.objects.prefetch_related("replica_set")
 
 
 def drain_list(*, node: str | None = None):

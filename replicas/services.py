@@ -1,7 +1,8 @@
 """Writes to replicas: status, what the agents report, failure and reaping.
 
 Scheduling lives in ``replicas.scheduling``, the catalog in
-``replicas.catalog``, drains in ``replicas.drain``.
+``replicas.catalog``, drains in ``replicas.drain``, the reconciler in
+``replicas.reconcile``.
 """
 
 from __future__ import annotations
@@ -14,39 +15,23 @@ from django.db import transaction
 from django.utils import timezone
 
 from nodes.choices import EventKind, EventSeverity
-from nodes.models import Event, Node
-from nodes.services import event_record, node_desired_changed
+from nodes.events import event_record
+from nodes.models import Node
+from nodes.services import node_desired_changed
+from nodes.statemachine import StateMachine
 
+from . import hooks
 from .choices import PLACED, REPLICA_TRANSITIONS, MemberState, ReplicaStatus
+from .enqueue import reconcile_after_commit
+from .exceptions import InvalidReplicaTransition
 from .models import GpuAllocation, Member, PortAllocation, Replica
 
 logger = logging.getLogger(__name__)
 
 
-class InvalidReplicaTransition(Exception):
-    pass
-
-
-def _after_commit_reconcile(countdown: float = 0) -> None:
-    from . import tasks
-
-    if countdown:
-        transaction.on_commit(lambda: tasks.replicas_reconcile.apply_async(countdown=countdown))
-    else:
-        transaction.on_commit(lambda: tasks.replicas_reconcile.delay())
-
-
 def member_wanted(replica: Replica) -> bool:
     """Whether a replica's members should still run on their nodes."""
     return replica.status in PLACED or (replica.status == ReplicaStatus.STOPPING and not replica.quiesced)
-
-
-def _inflight(replica_id: int) -> int:
-    try:
-        from gateway.selectors import replica_inflight
-    except ImportError:
-        return 0
-    return replica_inflight(replica_id)
 
 
 def replicas_quiesce() -> None:
@@ -57,7 +42,7 @@ def replicas_quiesce() -> None:
         waited = (now - replica.status_changed_at).total_seconds()
         if waited < settings.LLMGW_ROUTING_SETTLE:
             continue
-        inflight = _inflight(replica.pk)
+        inflight = hooks.replica_inflight(replica_id=replica.pk)
         if inflight and waited < settings.LLMGW_STOP_GRACE:
             continue
         with transaction.atomic():
@@ -73,6 +58,47 @@ def replicas_quiesce() -> None:
                 )
 
 
+class ReplicaStates(StateMachine):
+    noun = "replica"
+    table = REPLICA_TRANSITIONS
+    error = InvalidReplicaTransition
+    event_kind = EventKind.REPLICA_STATUS
+
+    def subject(self, replica: Replica) -> str:
+        return f"replica/{replica.pk}"
+
+    def message(self, replica: Replica, previous: str, to: str, reason: str) -> str:
+        return f"{replica.model.name} replica {replica.pk}: " + super().message(replica, previous, to, reason)
+
+    def data(self, replica: Replica, previous: str, to: str) -> dict[str, Any]:
+        return {"model": replica.model.name, "replica": replica.pk, "from": previous, "to": to}
+
+    def changing(self, replica: Replica, previous: str, to: str) -> list[str]:
+        if to == ReplicaStatus.READY:
+            replica.ready_at = replica.status_changed_at
+            return ["ready_at"]
+        if to == ReplicaStatus.SCHEDULED:
+            replica.pending_reason = ""
+            return ["pending_reason"]
+        return []
+
+    def changed(self, replica: Replica, previous: str, to: str) -> None:
+        if to == ReplicaStatus.READY:
+            # A drain may be waiting for exactly this replica.
+            reconcile_after_commit()
+        if previous in PLACED and to == ReplicaStatus.FAILED:
+            # Its members leave their nodes' desired state: the agents stop them.
+            for node_name in replica.members.values_list("node__name", flat=True):
+                node_desired_changed(node_name=node_name)
+            reconcile_after_commit()
+        if to == ReplicaStatus.STOPPING:
+            # Routing stops now; the members stop once in-flight requests are done.
+            reconcile_after_commit(countdown=settings.LLMGW_ROUTING_SETTLE)
+
+
+REPLICA_STATES = ReplicaStates()
+
+
 def replica_transition(
     *,
     replica_id: int,
@@ -83,77 +109,17 @@ def replica_transition(
 ) -> Replica | None:
     """The one place a replica's status changes. With ``expected`` (a status
     or a set of them) it is a compare-and-set that returns None on a miss."""
-    with transaction.atomic():
-        replica = Replica.objects.select_for_update().select_related("model").filter(pk=replica_id).first()
-        if replica is None:
-            return None
-        if expected is not None:
-            allowed = {expected} if isinstance(expected, str) else set(expected)
-            if replica.status not in allowed:
-                return None
-        if to not in REPLICA_TRANSITIONS.get(replica.status, set()):
-            raise InvalidReplicaTransition(f"replica {replica} is {replica.status}; it cannot become {to}")
-        previous = replica.status
-        replica.status = to
-        replica.status_changed_at = timezone.now()
-        replica.status_reason = reason
-        fields = ["status", "status_changed_at", "status_reason"]
-        if to == ReplicaStatus.READY:
-            replica.ready_at = replica.status_changed_at
-            fields.append("ready_at")
-        if to == ReplicaStatus.SCHEDULED:
-            replica.pending_reason = ""
-            fields.append("pending_reason")
-        replica.save(update_fields=fields)
-        event_record(
-            kind=EventKind.REPLICA_STATUS,
-            subject=f"replica/{replica.pk}",
-            message=f"{replica.model.name} replica {replica.pk}: {previous} -> {to}" + (f": {reason}" if reason else ""),
-            severity=severity,
-            data={"model": replica.model.name, "replica": replica.pk, "from": previous, "to": to},
-        )
-        if to == ReplicaStatus.READY:
-            # A drain may be waiting for exactly this replica.
-            _after_commit_reconcile()
-        if previous in PLACED and to == ReplicaStatus.FAILED:
-            # Its members leave their nodes' desired state: the agents stop them.
-            for node_name in replica.members.values_list("node__name", flat=True):
-                node_desired_changed(node_name=node_name)
-            _after_commit_reconcile()
-        if to == ReplicaStatus.STOPPING:
-            # Routing stops now; the members stop once in-flight requests are done.
-            _after_commit_reconcile(countdown=settings.LLMGW_ROUTING_SETTLE)
-    return replica
+    return REPLICA_STATES.transition(
+        Replica.objects.select_related("model").filter(pk=replica_id),
+        to=to, reason=reason, expected=expected, severity=severity,
+    )
 
 
 def replicas_transition_scheduled(*, replicas: list[Replica], reasons: dict[int, str]) -> None:
-    """pending -> scheduled for a batch of placements: the same checks and
-    Events as replica_transition, in a few statements. The rows are locked
-    by the caller."""
-    now = timezone.now()
-    events = []
-    for replica in replicas:
-        if ReplicaStatus.SCHEDULED not in REPLICA_TRANSITIONS[replica.status]:
-            raise InvalidReplicaTransition(f"replica {replica} is {replica.status}; it cannot become scheduled")
-        previous = replica.status
-        replica.status, replica.status_changed_at = ReplicaStatus.SCHEDULED, now
-        replica.status_reason, replica.pending_reason = reasons[replica.pk], ""
-        message = f"{replica.model.name} replica {replica.pk}: {previous} -> scheduled: {replica.status_reason}"
-        logger.info("event kind=%s subject=replica/%s %s", EventKind.REPLICA_STATUS, replica.pk, message)
-        events.append(Event(kind=EventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", message=message,
-                            data={"model": replica.model.name, "replica": replica.pk, "from": previous,
-                                  "to": ReplicaStatus.SCHEDULED}))
-    # A few plain UPDATEs, one per fabric, rather than a CASE per row: the
-    # members and the Event say exactly where each replica went.
-    by_fabric: dict = {}
-    for replica in replicas:
-        by_fabric.setdefault(replica.fabric, []).append(replica.pk)
-    for fabric, ids in by_fabric.items():
-        Replica.objects.filter(pk__in=ids).update(
-            status=ReplicaStatus.SCHEDULED, status_changed_at=now, pending_reason="", fabric=fabric,
-            status_reason=f"placed on {fabric.name if fabric else 'a fabric-less node'}",
-        )
-    Event.objects.bulk_create(events, batch_size=500)
+    """pending -> scheduled for a batch of placements, under the same rules and
+    with the same Events as replica_transition, in a few statements. The rows
+    are locked by the caller, which has set each one's fabric."""
+    REPLICA_STATES.apply_many(replicas, to=ReplicaStatus.SCHEDULED, reasons=reasons, also=("fabric",))
 
 
 def replica_fail(*, replica_id: int, reason: str) -> Replica | None:

@@ -78,9 +78,9 @@ def node_with_gpus(name: str, *, gpus: int = 8, fabric: str | None = None, hcas=
     return node
 
 
-class ModelFactory(factory.django.DjangoModelFactory):
+class CatalogEntryFactory(factory.django.DjangoModelFactory):
     class Meta:
-        model = "replicas.Model"
+        model = "replicas.CatalogEntry"
         django_get_or_create = ("name",)
 
     name = factory.Sequence(lambda n: f"model-{n}")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import sys
 
-from . import catalog, certs, drain, events, keys, nodes
+from . import catalog, certs, drain, events, keys, nodes, provisioning
 from .common import CtlError
 
-AREAS = (certs, nodes, events, catalog, drain, keys)
+AREAS = (certs, nodes, events, catalog, drain, keys, provisioning)
 
 
 def add_ctl_parser(sub) -> None:

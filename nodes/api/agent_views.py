@@ -1,7 +1,7 @@
 """The agent API: plain Django views on the mTLS listener.
 
 Plain views rather than DRF's: this path runs thousands of times a second, and
-its input serializer only runs when a heartbeat brings news (see
+its input is validated only when a heartbeat brings news (see
 ``nodes.heartbeat``).
 """
 
@@ -18,10 +18,11 @@ from pki.authn import peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
 
-from ..exceptions import InventoryRejected
 from .. import selectors
-from ..heartbeat import HeartbeatInvalid, node_heartbeat
+from ..exceptions import InventoryRejected
+from ..heartbeat import node_heartbeat
 from ..models import Node
+from ..validation import HeartbeatInvalid
 from ..watch import LongPollInvalid, longpoll_params
 
 logger = logging.getLogger(__name__)

@@ -1,38 +1,12 @@
 from rest_framework import serializers
 
-from ..choices import Engine, ReplicaStatus
-from ..models import MODEL_NAME, Drain, Member, Model, Replica
+from ..choices import ReplicaStatus
+from ..models import CatalogEntry, Drain, Member, Replica
+from ..validation import ENTRY_FIELDS, CatalogEntryFields
 
 
-class ModelWriteSerializer(serializers.ModelSerializer):
-    """A catalog entry as an operator writes it."""
-
-    args = serializers.ListField(child=serializers.CharField(), required=False, default=list)
-    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
-    engine = serializers.ChoiceField(choices=Engine.choices)
-    nodes = serializers.IntegerField(min_value=1, max_value=64, default=1)
-    gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
-    replicas = serializers.IntegerField(min_value=0, max_value=10000, default=1)
-
-    class Meta:
-        model = Model
-        fields = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env"]
-        # Not unique here: applying an existing name updates it.
-        extra_kwargs = {"name": {"validators": [MODEL_NAME]}}
-
-    def validate(self, data):
-        from ..engines import EngineArgsError, check_env, check_entry
-
-        try:
-            check_env(data["engine"], data.get("env", {}))
-        except EngineArgsError as exc:
-            raise serializers.ValidationError({"env": [str(exc)]}) from exc
-        try:
-            check_entry(engine=data["engine"], name=data["name"], args=data.get("args", []), env={},
-                        nodes=data.get("nodes", 1), gpus_per_node=data.get("gpus_per_node", 1))
-        except EngineArgsError as exc:
-            raise serializers.ValidationError({"args": [str(exc)]}) from exc
-        return data
+class ModelWriteSerializer(CatalogEntryFields):
+    """A catalog entry as an operator writes it: the rules of ``replicas.validation``."""
 
 
 class MemberSerializer(serializers.ModelSerializer):
@@ -61,8 +35,8 @@ class ModelSerializer(serializers.ModelSerializer):
     pending_reasons = serializers.SerializerMethodField()
 
     class Meta:
-        model = Model
-        fields = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env",
+        model = CatalogEntry
+        fields = [*ENTRY_FIELDS,
                   "never_fits_reason", "removing", "replica_counts", "pending_reasons", "created_at", "updated_at"]
 
     def get_replica_counts(self, model) -> dict[str, int]:
@@ -86,7 +60,7 @@ class CatalogApplySerializer(serializers.Serializer):
 
 
 class DrainSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.none())
+    node = serializers.SlugRelatedField(slug_field="name", queryset=CatalogEntry.objects.none())
     current = serializers.PrimaryKeyRelatedField(read_only=True)
 
     class Meta:

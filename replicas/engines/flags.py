@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -32,12 +31,16 @@ if TYPE_CHECKING:
     from .base import EngineAdapter
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES_DIR_ENV = "LLMGW_ENGINE_OPTIONS_DIR"
+# Where the tables are read from. tools/engine_check/check.py points it at the
+# table it has just written; nothing else changes it. (This package imports
+# only the standard library, so that the check runs in an engine's own
+# environment, without Django: no setting here.)
+TABLES_DIR = REPO / "tools" / "engine_check"
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
 def tables_dir() -> Path:
-    return Path(os.environ.get(TABLES_DIR_ENV) or REPO / "tools" / "engine_check")
+    return TABLES_DIR
 
 
 def table_path(engine: str, version: str, directory: Path | None = None) -> Path:

@@ -178,10 +178,11 @@ def fake_control_plane(pki_dir):
 
     planes: list[FakeControlPlane] = []
 
-    def make(*, port: int | None = None, heartbeat_interval: float = 30.0, desired=None) -> FakeControlPlane:
+    def make(*, port: int | None = None, heartbeat_interval: float = 30.0, desired=None,
+             extra: dict | None = None) -> FakeControlPlane:
         plane = FakeControlPlane(
             certfile=str(pki_dir / SERVER_CERT), keyfile=str(pki_dir / SERVER_KEY), cafile=str(pki_dir / CA_CERT),
-            port=port or free_port(), heartbeat_interval=heartbeat_interval,
+            port=port or free_port(), heartbeat_interval=heartbeat_interval, extra=extra,
         )
         plane.desired.update(desired or {})
         planes.append(plane)

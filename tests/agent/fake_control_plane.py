@@ -22,10 +22,14 @@ from agent.protocol import DesiredMember, DesiredState
 
 
 class FakeControlPlane:
-    def __init__(self, *, certfile: str, keyfile: str, cafile: str, port: int, heartbeat_interval: float = 30.0):
+    def __init__(self, *, certfile: str, keyfile: str, cafile: str, port: int, heartbeat_interval: float = 30.0,
+                 extra: dict | None = None):
         self.certfile, self.keyfile, self.cafile = certfile, keyfile, cafile
         self.port = port
         self.heartbeat_interval = heartbeat_interval
+        # Fields a newer control plane might send: added to every reply, to
+        # its desired state and to each member.
+        self.extra = dict(extra or {})
         self.cond = threading.Condition()
         self.desired: dict[str, DesiredState] = {}
         self.heartbeats: dict[str, list[dict]] = {}
@@ -101,6 +105,11 @@ class FakeControlPlane:
     def running(self) -> bool:
         return self._server is not None
 
+    def desired_json(self, desired: DesiredState) -> dict:
+        data = dataclasses.asdict(desired)
+        data["members"] = [{**m, **self.extra} for m in data["members"]]
+        return {**data, **self.extra}
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -146,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
             desired = plane.desired.get(node, DesiredState(version=0))
             plane.cond.notify_all()
         self._json(200, {"node": node, "status": "ready", "heartbeat_interval": plane.heartbeat_interval,
-                         "desired": dataclasses.asdict(desired)})
+                         "desired": plane.desired_json(desired), **plane.extra})
 
     def do_GET(self) -> None:
         node = self._node("desired")
@@ -169,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
                 plane.cond.wait(min(remaining, 0.5))
             else:
                 return
-        self._json(200, dataclasses.asdict(desired))
+        self._json(200, plane.desired_json(desired))
 
     def _json(self, status: int, value) -> None:
         payload = json.dumps(value).encode()

@@ -7,6 +7,7 @@ real protocol), because the real one does not schedule members yet.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -64,10 +65,9 @@ def test_desired_state_arrives_by_long_poll_and_engine_changes_are_reported_at_o
     wait_until(lambda: plane.polls >= 1, 10, message="agent waiting on the long-poll")
 
     http = free_port()
-    asked = time.monotonic()
     version = plane.set_members("node01", [sim_member("m1", http_port=http, gpus=(0, 1))])
+    # Within 15 s: the next 30 s heartbeat is not what brings it.
     beat = plane.wait_heartbeat("node01", healthy_engine("m1"), 15)
-    assert time.monotonic() - asked < 15, "well before the next 30 s heartbeat"
     state = engine(beat, "m1")
     assert beat["desired_version"] == version
     assert state["state"] == "running" and state["rank"] == 0 and state["replica"] == "r1"
@@ -89,6 +89,7 @@ def test_engines_keep_running_while_the_control_plane_is_away(fake_control_plane
 
     plane.stop()
     agent.wait_for_log("control plane unreachable")
+    # Away for a while (the attempts are counted once it is back).
     time.sleep(3)
     assert serving(http) and sim_processes(http) == [pid], "engines untouched"
     assert agent.log().count("control plane unreachable") == 1
@@ -98,7 +99,9 @@ def test_engines_keep_running_while_the_control_plane_is_away(fake_control_plane
     again = fake_control_plane(port=plane.port, heartbeat_interval=1, desired=plane.desired)
     beat = again.wait_heartbeat("node01", healthy_engine("m1"), 20)
     assert engine(beat, "m1")["pid"] == pid
-    agent.wait_for_log("control plane reachable again")
+    log = agent.wait_for_log("control plane reachable again")
+    attempts = re.search(r"reachable again at \S+ after (\d+) failed attempts", log)
+    assert attempts and int(attempts[1]) >= 2, "it was away through several attempts"
     assert agent.log().count("engine started") == 1
 
 
@@ -107,7 +110,7 @@ def test_a_restarted_agent_adopts_its_engines(fake_control_plane, sim_node, agen
     config = sim_node("node01", server=plane.url)
     first = agent_factory(config)
     http = free_port()
-    plane.set_members("node01", [sim_member("m1", http_port=http)])
+    version = plane.set_members("node01", [sim_member("m1", http_port=http)])
     pid = engine(plane.wait_heartbeat("node01", healthy_engine("m1"), 20), "m1")["pid"]
 
     assert first.stop(signal.SIGTERM) == 0
@@ -117,9 +120,10 @@ def test_a_restarted_agent_adopts_its_engines(fake_control_plane, sim_node, agen
     beats_before = len(plane.heartbeats["node01"])
     second = agent_factory(config)
     second.wait_for_log("adopted 1 running engine(s): m1(pid %d)" % pid)
-    beat = plane.wait_heartbeat("node01", healthy_engine("m1"), 20, since=beats_before)
+    # Once it holds the desired state again (and has converged to it):
+    beat = plane.wait_heartbeat(
+        "node01", lambda b: healthy_engine("m1")(b) and b["desired_version"] == version, 20, since=beats_before)
     assert engine(beat, "m1")["pid"] == pid
-    time.sleep(1)
     assert sim_processes(http) == [pid], "the same engine, not a second one"
     assert "engine started" not in second.log()
 
@@ -134,8 +138,8 @@ def test_a_two_node_replica_across_two_agents(fake_control_plane, sim_node, agen
     common = dict(nnodes=2, rendezvous=f"127.0.1.1:{rendezvous}", fabric="ib-a", replica="r7")
     plane.set_members("node01", [sim_member("r7-0", http_port=http, host="127.0.1.1", rank=0, **common)])
 
-    plane.wait_heartbeat("node01", lambda b: engine(b, "r7-0") is not None, 20)
-    time.sleep(1.0)
+    leader = engine(plane.wait_heartbeat("node01", lambda b: (e := engine(b, "r7-0")) and e["pid"], 20), "r7-0")
+    wait_until(lambda: rendezvous in listening_ports(leader["pid"]), 15, message="the leader waiting on its rendezvous")
     assert not serving(http, "127.0.1.1"), "the leader waits for its worker"
     assert engine(plane.last_heartbeat("node01"), "r7-0")["state"] == "starting"
 

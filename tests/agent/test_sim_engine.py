@@ -60,7 +60,7 @@ def test_leader_serves_only_once_every_worker_joined_and_workers_never_listen(si
     leader = sim(0, 3, rendezvous, http)
     wait_until(lambda: rendezvous in listening_ports(leader.pid), 15, message="rendezvous bound")
     worker1 = sim(1, 3, rendezvous, http)
-    time.sleep(1.0)
+    wait_until(lambda: b"rank 1 joined from" in _log_of(leader), 15, message="worker 1 joined")
     assert listening_ports(leader.pid) == {rendezvous}, "one of two workers joined: not serving yet"
     assert not healthy(http)
     worker2 = sim(2, 3, rendezvous, http)
@@ -88,7 +88,7 @@ def test_the_leader_going_away_breaks_the_workers(sim):
 def test_workers_may_start_before_the_leader(sim):
     rendezvous, http = free_port(), free_port()
     worker = sim(1, 2, rendezvous, http)
-    time.sleep(0.5)
+    wait_until(lambda: b"rank 1 joining rendezvous" in _log_of(worker), 15, message="the worker trying to join")
     assert worker.poll() is None and listening_ports(worker.pid) == set()
     leader = sim(0, 2, rendezvous, http)
     wait_until(lambda: healthy(http), 15, message="leader serving")

@@ -56,3 +56,16 @@ def test_node_kit_island_and_refusals(tmp_path):
     assert "HCA mlx5_0 is already in fabric ib-a" in twice.stderr
     bad_id = llmgw("sim", "node-kit", "Node_10", "--dir", str(tmp_path / "bad"))
     assert bad_id.returncode == 2 and "not a valid node id" in bad_id.stderr
+
+
+def test_node_kit_paths_that_look_like_yaml_stay_paths(tmp_path):
+    from agent.simkit import node_kit
+
+    directory = tmp_path / "kit: #1 'quoted' [x]"
+    paths = node_kit(node_id="node04", directory=directory, gpus=1, fabric_specs=["ib-a"], server="https://[::1]:7443")
+    config = yaml.safe_load(paths["config"].read_text())
+    assert config["server"] == "https://[::1]:7443"
+    assert config["discovery"]["nvidia_smi"] == str(directory / "nvidia-smi")
+    assert config["supervisor"]["work_dir"] == str(directory / "work")
+    assert config["tls"]["key"] == str(directory / "node04-key.pem")
+    assert config["fabrics"] == [{"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}]

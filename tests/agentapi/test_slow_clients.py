@@ -21,7 +21,7 @@ import pytest
 from agent.protocol import example_heartbeat
 from nodes.choices import NodeStatus
 from nodes.models import Node
-from nodes.services import nodes_sweep_lost
+from nodes.sweep import nodes_sweep_lost
 from pki import services as pki_services
 from tests.conftest import mtls_context
 from tests.nodes.test_agent_api import heartbeat_url, payload, post, wait_for_log

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from cli.wait import wait_until  # noqa: F401 - the gateway tests import it from here
 from tests.conftest import REPO, free_port, wait_for_port
-from tests.factories import ModelFactory, NodeFactory
+from tests.factories import CatalogEntryFactory, NodeFactory
 
 from .upstream import FakeEngine
 
@@ -28,7 +28,7 @@ def make_replica(gw_node):
     from replicas.models import Member, Replica
 
     def make(model: str, port: int, status: str = "ready"):
-        catalog_entry = ModelFactory(name=model)
+        catalog_entry = CatalogEntryFactory(name=model)
         replica = Replica.objects.create(model=catalog_entry, status=status, status_changed_at=timezone.now())
         Member.objects.create(replica=replica, node=gw_node, rank=0, ports={"http": port, "rendezvous": free_port()},
                               serves_http=True, state="running", healthy=True)
@@ -97,3 +97,13 @@ def api_key(transactional_db):
     return create
 
 
+def metric_samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """/metrics read with prometheus_client's own parser: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]

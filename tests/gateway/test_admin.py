@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from gateway.models import ApiKey
-from tests.factories import ModelFactory
+from tests.factories import CatalogEntryFactory
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def admin_client(client, db):
 
 
 def test_admin_add_shows_the_key_once_and_revokes(admin_client):
-    ModelFactory(name="m")
+    CatalogEntryFactory(name="m")
     assert admin_client.get("/admin/gateway/apikey/add/").status_code == 200
     response = admin_client.post("/admin/gateway/apikey/add/", {"name": "ops", "models_text": "m"}, follow=True)
     assert response.status_code == 200

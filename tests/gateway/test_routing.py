@@ -4,13 +4,12 @@ balancing, retries, and the routing table following the database."""
 from __future__ import annotations
 
 import collections
-import time
 
 import httpx
 
 from replicas.choices import ReplicaStatus
 
-from .conftest import wait_until
+from .conftest import metric_samples, sample, wait_until
 
 
 def _chat(model: str, **extra) -> dict:
@@ -77,7 +76,7 @@ def test_only_ready_replicas_get_requests(gateway_web, make_replica, fake_engine
     assert not starting.requests and not stopping.requests
 
 
-def test_routing_table_follows_replica_changes_within_a_second(gateway_web, make_replica, fake_engine):
+def test_routing_table_follows_replica_changes(gateway_web, make_replica, fake_engine):
     from replicas.services import replica_transition
 
     first, second = fake_engine("m"), fake_engine("m")
@@ -87,24 +86,19 @@ def test_routing_table_follows_replica_changes_within_a_second(gateway_web, make
     with httpx.Client(base_url=web.url, timeout=10) as client:
         assert _replicas_used(client, "m", 3) == {str(old.pk): 3}
         replica_transition(replica_id=new.pk, to=ReplicaStatus.READY)
-        changed = time.monotonic()
-        wait_until(lambda: str(new.pk) in _replicas_used(client, "m", 4), timeout=1.0,
+        wait_until(lambda: str(new.pk) in _replicas_used(client, "m", 4), timeout=10,
                    message="the new replica getting requests")
-        ready_after = time.monotonic() - changed
         replica_transition(replica_id=old.pk, to=ReplicaStatus.STOPPING)
-        changed = time.monotonic()
         # Twenty in a row: with both replicas routed, chance alone would give
         # four in a row to one of them one time in sixteen.
-        wait_until(lambda: _replicas_used(client, "m", 20) == {str(new.pk): 20}, timeout=1.0,
+        wait_until(lambda: _replicas_used(client, "m", 20) == {str(new.pk): 20}, timeout=10,
                    message="the stopping replica getting no requests")
-        stopping_after = time.monotonic() - changed
         # And once it has seen the change, never again.
         assert _replicas_used(client, "m", 10) == {str(new.pk): 10}
         replica_transition(replica_id=new.pk, to=ReplicaStatus.STOPPING)
-        wait_until(lambda: client.post("/v1/chat/completions", json=_chat("m")).status_code == 503, timeout=1.0,
+        wait_until(lambda: client.post("/v1/chat/completions", json=_chat("m")).status_code == 503, timeout=10,
                    message="503 once no replica is ready")
         assert client.get("/v1/models").json()["data"] == []
-    assert ready_after < 1.0 and stopping_after < 1.0
 
 
 def test_connect_failure_is_retried_on_another_replica(gateway_web, make_replica, fake_engine):
@@ -116,10 +110,11 @@ def test_connect_failure_is_retried_on_another_replica(gateway_web, make_replica
     web = gateway_web(LLMGW_GATEWAY_OPEN="1")
     with httpx.Client(base_url=web.url, timeout=10) as client:
         assert _replicas_used(client, "m", 12) == {str(live.pk): 12}
-        metrics = client.get("/metrics").text
-    assert 'llmgw_gateway_retries_total{model="m"}' in metrics
-    assert str(dead.pk) not in {line.split('replica="')[1].split('"')[0] for line in metrics.splitlines()
-                                if line.startswith("llmgw_gateway_requests_total") and 'code="200"' in line}
+        samples = metric_samples(client.get("/metrics").text)
+    assert sample(samples, "llmgw_gateway_retries_total", model="m") >= 1
+    answered_by = {dict(labels)["replica"] for name, labels in samples
+                   if name == "llmgw_gateway_requests_total" and dict(labels)["code"] == "200"}
+    assert answered_by == {str(live.pk)}
 
 
 def test_no_reachable_replica_is_a_502_in_openai_shape(gateway_web, make_replica):

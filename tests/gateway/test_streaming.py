@@ -4,11 +4,10 @@ away cancels the engine's work."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 
-from .conftest import wait_until
+from .conftest import metric_samples, sample, wait_until
 
 
 def _stream_body(model: str, **extra) -> dict:
@@ -43,13 +42,13 @@ def test_client_disconnect_cancels_the_upstream_request(gateway_web, make_replic
     with httpx.Client(base_url=web.url, timeout=10) as client:
         with client.stream("POST", "/v1/chat/completions", json=_stream_body("m")) as response:
             next(response.iter_raw())  # then drop the stream: httpx closes the connection
-        gone = time.monotonic()
-        wait_until(lambda: engine.disconnects, timeout=3, message="the engine seeing the disconnect")
-        assert engine.disconnects[0] - gone < 2.0
+        # Well before the engine's ten seconds of tokens are through.
+        wait_until(lambda: engine.disconnects, timeout=8, message="the engine seeing the disconnect")
         assert engine.finished_streams == 0
-        metrics = client.get("/metrics").text
-    assert f'llmgw_gateway_requests_total{{model="m",replica="{replica.pk}",endpoint="chat",code="499"}} 1' in metrics
-    assert f'llmgw_gateway_inflight_requests{{model="m",replica="{replica.pk}"}} 0' in metrics
+        samples = metric_samples(client.get("/metrics").text)
+    r = str(replica.pk)
+    assert sample(samples, "llmgw_gateway_requests_total", model="m", replica=r, endpoint="chat", code="499") == 1
+    assert sample(samples, "llmgw_gateway_inflight_requests", model="m", replica=r) == 0
 
 
 def test_usage_is_counted_and_not_shown_unless_asked(gateway_web, make_replica, fake_engine, api_key):

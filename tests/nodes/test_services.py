@@ -17,7 +17,7 @@ from agent.protocol import example_heartbeat
 from nodes import heartbeat, liveness
 from nodes.choices import EventKind, EventSeverity, NodeStatus
 from nodes.models import ControlPlaneClock, Event, Node
-from nodes.services import nodes_sweep_lost
+from nodes.sweep import nodes_sweep_lost
 from tests.factories import NodeFactory
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,7 @@ import pytest
 
 from nodes.models import Event
 from replicas.catalog import CatalogInvalid, catalog_apply, model_scale
-from replicas.models import Model
+from replicas.models import CatalogEntry
 from tests.factories import node_with_gpus
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +25,7 @@ def test_apply_is_declarative_and_idempotent():
     assert catalog_apply(entries=[ENTRY])["unchanged"] == ["llama-70b"]
     changed = dict(ENTRY, replicas=3)
     assert catalog_apply(entries=[changed])["updated"] == ["llama-70b"]
-    model = Model.objects.get(name="llama-70b")
+    model = CatalogEntry.objects.get(name="llama-70b")
     assert (model.weights, model.replicas, model.args, model.env) == (
         "/models/llama-70b", 3, ["--max-model-len", "8192"], {"VLLM_LOGGING_LEVEL": "INFO"})
 
@@ -34,7 +34,7 @@ def test_prune_removes_what_the_file_no_longer_lists():
     catalog_apply(entries=[ENTRY, dict(ENTRY, name="other")])
     result = catalog_apply(entries=[ENTRY], prune=True)
     assert result["removed"] == ["other"]
-    other = Model.objects.get(name="other")
+    other = CatalogEntry.objects.get(name="other")
     assert other.removing and other.replicas == 0
 
 
@@ -55,15 +55,15 @@ def test_malformed_entry_is_refused_with_the_field_named_and_nothing_changes(cha
     with pytest.raises(CatalogInvalid) as caught:
         catalog_apply(entries=[dict(ENTRY, name="new"), dict(ENTRY, **change)], prune=True)
     assert any(f": {field}: " in error for error in caught.value.errors), caught.value.errors
-    assert list(Model.objects.values_list("name", flat=True)) == ["keep"]
-    assert not Model.objects.get(name="keep").removing
+    assert list(CatalogEntry.objects.values_list("name", flat=True)) == ["keep"]
+    assert not CatalogEntry.objects.get(name="keep").removing
 
 
 def test_entry_that_can_never_fit_is_accepted_and_says_why():
     node_with_gpus("node01", fabric="ib-a")
     node_with_gpus("node02", gpus=4)
     catalog_apply(entries=[dict(ENTRY, name="huge", nodes=4, gpus_per_node=8, args=[])])
-    model = Model.objects.get(name="huge")
+    model = CatalogEntry.objects.get(name="huge")
     assert model.never_fits_reason
     assert "4 nodes" in model.never_fits_reason
     assert Event.objects.filter(subject="model/huge", severity="error").exists()

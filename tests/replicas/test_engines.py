@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -288,20 +289,25 @@ def test_nccl_environment_comes_from_the_nodes_inventory(engine):
     assert multi.env["GLOO_SOCKET_IFNAME"] == "ens1f0"
     assert multi.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     island = launch_spec(member(engine, nodes=1, gpus_per_node=2, rank=0))
-    assert "NCCL_IB_HCA" not in island.env
+    # No fabric, so no HCAs to name; the sockets and GPUs are set all the same.
+    assert {k: v for k, v in island.env.items() if k.startswith(("NCCL_", "GLOO_", "CUDA_"))} == {
+        "NCCL_SOCKET_IFNAME": "=ens1f0", "GLOO_SOCKET_IFNAME": "ens1f0", "CUDA_VISIBLE_DEVICES": "6,7"}
     on_fabric = launch_spec(member(engine, nodes=1, gpus_per_node=2, rank=0, fabric="ib-b"))
     assert on_fabric.env["NCCL_IB_HCA"] == "=mlx5_2,mlx5_3"
 
 
-def test_user_env_is_merged_but_cannot_override_the_allocation():
+def test_user_env_is_merged_but_cannot_override_the_allocation(caplog):
     inp = dataclasses.replace(
         member("vllm", nodes=1, gpus_per_node=2, rank=0),
         env={"VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NCCL_IB_HCA": "mlx5"},
     )
-    env = launch_spec(inp).env
+    with caplog.at_level(logging.WARNING, logger="replicas.engines.base"):
+        env = launch_spec(inp).env
     assert env["VLLM_LOGGING_LEVEL"] == "INFO"
     assert env["CUDA_VISIBLE_DEVICES"] == "6,7"
-    assert "NCCL_IB_HCA" not in env  # a single-node member on an island: no fabric, no HCAs
+    # The entry's NCCL_IB_HCA is dropped, not passed on: an island member has no HCAs to name.
+    assert "NCCL_IB_HCA" not in env
+    assert "ignoring catalog env CUDA_VISIBLE_DEVICES,NCCL_IB_HCA" in caplog.text
 
 
 @pytest.mark.parametrize("key", [*MANAGED_ENV, "VLLM_HOST_IP"])
@@ -311,7 +317,10 @@ def test_check_env_refuses_what_llmgw_sets(key):
 
 
 def test_check_env_accepts_the_rest_and_refuses_non_strings():
-    check_env("sglang", {"HF_HUB_OFFLINE": "1", "NCCL_DEBUG": "INFO"})
+    accepted = {"HF_HUB_OFFLINE": "0", "NCCL_DEBUG": "INFO"}
+    check_env("sglang", accepted)
+    env = launch_spec(dataclasses.replace(member("sglang", nodes=1, gpus_per_node=2, rank=0), env=accepted)).env
+    assert env["HF_HUB_OFFLINE"] == "0" and env["NCCL_DEBUG"] == "INFO"  # passed on as given
     with pytest.raises(EngineArgsError, match="must be a string"):
         check_env("sglang", {"NCCL_DEBUG": 1})
 
@@ -374,6 +383,8 @@ def test_check_args_refuses_naming_the_flag(engine, args, message):
 )
 def test_check_args_accepts_full_flags(engine, args):
     check_args(engine, args)
+    argv = launch_spec(dataclasses.replace(member(engine, nodes=1, gpus_per_node=8, rank=0), args=args)).argv
+    assert argv[len(argv) - len(args):] == args  # passed on as written, after llmgw's own flags
 
 
 def test_unknown_engine_is_refused():
@@ -382,13 +393,17 @@ def test_unknown_engine_is_refused():
 
 
 def test_without_a_table_managed_flags_and_their_abbreviations_are_still_refused(monkeypatch, tmp_path):
-    monkeypatch.setenv(flags.TABLES_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(flags, "TABLES_DIR", tmp_path)
     assert ADAPTERS["vllm"].table() is None
     with pytest.raises(EngineArgsError, match="--node-ra: abbreviated vllm flag"):
         check_args("vllm", ["--node-ra", "1"])
     with pytest.raises(EngineArgsError, match="--tensor-parallel-size 3: .* must equal 8"):
         check_args("sglang", ["--tensor-parallel-size", "3"], nodes=1, gpus_per_node=8)
-    check_args("vllm", ["--some-future-flag", "1"])  # unknown, but nothing to check it against
+    # Unknown, but there is nothing to check it against: passed on for the engine to judge.
+    check_args("vllm", ["--some-future-flag", "1"])
+    argv = launch_spec(dataclasses.replace(member("vllm", nodes=1, gpus_per_node=8, rank=0),
+                                           args=["--some-future-flag", "1"])).argv
+    assert argv[-2:] == ["--some-future-flag", "1"]
 
 
 # -- members the scheduler must never produce -------------------------------------
@@ -413,7 +428,9 @@ def test_impossible_members_are_refused(change, message):
 
 
 def test_a_sim_member_needs_no_hcas():
-    launch_spec(dataclasses.replace(member("sim", nodes=2, gpus_per_node=4, rank=1), hcas=[]))
+    spec = launch_spec(dataclasses.replace(member("sim", nodes=2, gpus_per_node=4, rank=1), hcas=[]))
+    assert spec.argv[spec.argv.index("--rank") + 1] == "1" and "--rendezvous" in spec.argv
+    assert spec.gpus == [4, 5, 6, 7] and "NCCL_IB_HCA" not in spec.env and not spec.serves_http
 
 
 def test_member_ports():

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from replicas.scheduler import (
+from replicas.placement import (
     ClusterSnapshot,
     ExistingReplica,
     Member,

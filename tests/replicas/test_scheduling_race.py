@@ -9,7 +9,7 @@ from django.utils import timezone
 from replicas import scheduling
 from replicas.choices import ReplicaStatus
 from replicas.models import GpuAllocation, Replica
-from tests.factories import ModelFactory, node_with_gpus
+from tests.factories import CatalogEntryFactory, node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,15 +20,15 @@ def test_racing_schedulers_with_the_same_stale_snapshot(monkeypatch):
     monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
     node_with_gpus("node01", gpus=2)
     node_with_gpus("node02", gpus=2)
-    model = ModelFactory(name="m", gpus_per_node=2, replicas=2)
+    model = CatalogEntryFactory(name="m", gpus_per_node=2, replicas=2)
     first = Replica.objects.create(model=model, status=ReplicaStatus.PENDING, status_changed_at=timezone.now())
     second = Replica.objects.create(model=model, status=ReplicaStatus.PENDING, status_changed_at=timezone.now())
 
     stale = scheduling.cluster_snapshot()
-    from replicas import scheduler
+    from replicas import placement
 
-    request = scheduler.PlacementRequest("m", 1, 2)
-    same = scheduler.place(request, stale)  # both workers would choose this
+    request = placement.PlacementRequest("m", 1, 2)
+    same = placement.place(request, stale)  # both workers would choose this
     barrier = threading.Barrier(2)
     outcomes = {}
 

@@ -10,7 +10,7 @@ from nodes.services import node_transition
 from replicas import drain, reconcile, services
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, PortAllocation, Replica
-from tests.factories import ModelFactory, node_with_gpus
+from tests.factories import CatalogEntryFactory, node_with_gpus
 
 pytestmark = pytest.mark.django_db
 
@@ -54,7 +54,7 @@ def _placement(replica):
 
 
 def test_seeds_scenario_one_replica_per_fabric_then_rebuild_on_the_other(seeds_cluster):
-    model = ModelFactory(name="llama-70b", nodes=2, gpus_per_node=4, replicas=2)
+    model = CatalogEntryFactory(name="llama-70b", nodes=2, gpus_per_node=4, replicas=2)
     reconcile.replicas_reconcile()
     replicas = list(Replica.objects.filter(model=model).order_by("id"))
     assert [r.status for r in replicas] == [ReplicaStatus.SCHEDULED] * 2
@@ -94,8 +94,8 @@ def test_seeds_scenario_one_replica_per_fabric_then_rebuild_on_the_other(seeds_c
 def test_fabric_less_node_never_gets_a_multi_node_member():
     node_with_gpus("island1")
     node_with_gpus("island2")
-    ModelFactory(name="big", nodes=2, gpus_per_node=4, replicas=1)
-    ModelFactory(name="small", nodes=1, gpus_per_node=4, replicas=2)
+    CatalogEntryFactory(name="big", nodes=2, gpus_per_node=4, replicas=1)
+    CatalogEntryFactory(name="small", nodes=1, gpus_per_node=4, replicas=2)
     reconcile.replicas_reconcile()
     big = Replica.objects.get(model__name="big")
     assert big.status == ReplicaStatus.PENDING
@@ -106,7 +106,7 @@ def test_fabric_less_node_never_gets_a_multi_node_member():
 
 def test_gpu_cannot_be_allocated_twice():
     node = node_with_gpus("node01", gpus=1)
-    ModelFactory(name="m", replicas=1)
+    CatalogEntryFactory(name="m", replicas=1)
     reconcile.replicas_reconcile()
     member = Member.objects.get()
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -115,7 +115,7 @@ def test_gpu_cannot_be_allocated_twice():
 
 def test_leader_ports_allocated_without_collision_and_freed():
     node_with_gpus("node01", gpus=8)
-    ModelFactory(name="m", replicas=4, gpus_per_node=2)
+    CatalogEntryFactory(name="m", replicas=4, gpus_per_node=2)
     reconcile.replicas_reconcile()
     ports = list(PortAllocation.objects.values_list("port", flat=True))
     # Single-node leaders: one HTTP port each, on one node, none shared.
@@ -131,7 +131,7 @@ def test_leader_ports_allocated_without_collision_and_freed():
 
 
 def test_exited_member_fails_replica_and_replacement_is_scheduled(seeds_cluster):
-    ModelFactory(name="m", nodes=2, gpus_per_node=8, replicas=1)
+    CatalogEntryFactory(name="m", nodes=2, gpus_per_node=8, replicas=1)
     reconcile.replicas_reconcile()
     replica = Replica.objects.get()
     worker = replica.members.get(rank=1)
@@ -146,7 +146,7 @@ def test_exited_member_fails_replica_and_replacement_is_scheduled(seeds_cluster)
 def test_scale_down_stops_newest(seeds_cluster):
     from replicas.catalog import model_scale
 
-    ModelFactory(name="m", replicas=3)
+    CatalogEntryFactory(name="m", replicas=3)
     reconcile.replicas_reconcile()
     model_scale(name="m", replicas=1)
     reconcile.replicas_reconcile()
@@ -155,7 +155,7 @@ def test_scale_down_stops_newest(seeds_cluster):
 
 
 def test_drain_moves_one_at_a_time_replacement_ready_first(seeds_cluster):
-    ModelFactory(name="m", nodes=1, gpus_per_node=8, replicas=2)
+    CatalogEntryFactory(name="m", nodes=1, gpus_per_node=8, replicas=2)
     reconcile.replicas_reconcile()
     for node in seeds_cluster.values():
         _report(node)
@@ -185,7 +185,7 @@ def test_drain_moves_one_at_a_time_replacement_ready_first(seeds_cluster):
 
 def test_drain_blocked_when_nothing_can_take_the_replica():
     node_with_gpus("node01", fabric="ib-a")
-    ModelFactory(name="m", gpus_per_node=8, replicas=1)
+    CatalogEntryFactory(name="m", gpus_per_node=8, replicas=1)
     reconcile.replicas_reconcile()
     _report(Member.objects.get().node)
     _report(Member.objects.get().node)

@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_table(table_data, options.tables_dir)
     table = flags.OptionTable.from_dict(table_data)
     # The adapters read the table just written, not an older one.
-    os.environ[flags.TABLES_DIR_ENV] = str(options.tables_dir)
+    flags.TABLES_DIR = options.tables_dir
 
     problems += check_adapter_flags(engine, table)
     members = 0

@@ -1,0 +1,78 @@
+"""What a job kind is made of: an ordered list of steps, each a function that
+looks at the world, does what is missing, and says how it went.
+
+A step function takes a StepContext and returns Done, Skipped (found already
+done) or Wait (not finished: run me again in a while, without holding a
+worker slot); it raises StepFailed when it cannot succeed. Every step is run
+again from its start after a worker dies, so each must first look and skip
+what is done. Onboarding registers its own kind the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from django.utils import timezone
+
+
+@dataclass(frozen=True)
+class Done:
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    note: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    seconds: float
+    note: str = ""
+
+
+Outcome = Done | Skipped | Wait
+
+
+@dataclass
+class StepContext:
+    job: Any
+    step: Any
+    data: dict[str, Any]
+    lines: list[dict[str, str]] = field(default_factory=list)
+
+    def log(self, line: str) -> None:
+        self.lines.append({"at": timezone.now().isoformat(timespec="seconds"), "line": line})
+
+    def deadline(self, key: str, seconds: float) -> float:
+        """Seconds left before the deadline this step set itself the first time it asked."""
+        if key not in self.data:
+            self.data[key] = time.time() + seconds
+        return self.data[key] - time.time()
+
+    def backoff(self, key: str, *, start: float, ceiling: float) -> float:
+        """The next poll interval: doubling from start up to ceiling."""
+        current = float(self.data.get(key, start / 2))
+        nxt = min(max(current * 2, start), ceiling)
+        self.data[key] = nxt
+        return nxt
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    title: str
+    run: Callable[[StepContext], Outcome]
+
+
+_KINDS: dict[str, list[StepSpec]] = {}
+
+
+def kind_register(*, kind: str, steps: list[StepSpec]) -> None:
+    _KINDS[kind] = list(steps)
+
+
+def kind_steps(kind: str) -> list[StepSpec]:
+    return _KINDS[kind]

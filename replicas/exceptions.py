@@ -1,0 +1,9 @@
+from nodes.exceptions import InvalidTransition
+
+
+class InvalidReplicaTransition(InvalidTransition):
+    """A replica status change REPLICA_TRANSITIONS does not allow."""
+
+
+class InvalidDrainTransition(InvalidTransition):
+    """A drain status change DRAIN_TRANSITIONS does not allow."""

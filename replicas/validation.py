@@ -1,0 +1,72 @@
+"""What a catalog entry must be before it is saved.
+
+``catalog_entry_clean`` is the one set of rules, for ``llmgw ctl apply``, the
+REST API and the admin alike: the entry's shape, checked with DRF's fields
+(so that errors name the field, as the operator API does), and
+``engine_problems``, what the engine adapters refuse (abbreviated or managed
+flags, parallel sizes that do not match the replica's GPUs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from .choices import Engine
+from .engines import EngineArgsError, check_entry, check_env
+from .models import MODEL_NAME, CatalogEntry
+
+# What an operator writes; the other fields are the control plane's.
+ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env"]
+
+
+class CatalogEntryInvalid(ValueError):
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("invalid catalog entry")
+        self.errors = errors  # field -> messages
+
+
+def engine_problems(entry: dict[str, Any]) -> dict[str, list[str]]:
+    """What the entry's engine adapter refuses, by field (empty when nothing)."""
+    try:
+        check_env(entry["engine"], entry.get("env", {}))
+    except EngineArgsError as exc:
+        return {"env": [str(exc)]}
+    try:
+        check_entry(engine=entry["engine"], name=entry["name"], args=entry.get("args", []), env={},
+                    nodes=entry.get("nodes", 1), gpus_per_node=entry.get("gpus_per_node", 1))
+    except EngineArgsError as exc:
+        return {"args": [str(exc)]}
+    return {}
+
+
+class CatalogEntryFields(serializers.ModelSerializer):
+    """The shape of a catalog entry, field by field, then ``engine_problems``."""
+
+    args = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    engine = serializers.ChoiceField(choices=Engine.choices)
+    nodes = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    replicas = serializers.IntegerField(min_value=0, max_value=10000, default=1)
+
+    class Meta:
+        model = CatalogEntry
+        fields = ENTRY_FIELDS
+        # Not unique here: applying an existing name updates it.
+        extra_kwargs = {"name": {"validators": [MODEL_NAME]}}
+
+    def validate(self, data):
+        problems = engine_problems(data)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return data
+
+
+def catalog_entry_clean(entry: Any) -> dict[str, Any]:
+    """The entry's values, with defaults; CatalogEntryInvalid names what is wrong."""
+    fields = CatalogEntryFields(data=entry)
+    if not fields.is_valid():
+        raise CatalogEntryInvalid(dict(fields.errors))
+    return dict(fields.validated_data)
