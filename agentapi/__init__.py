@@ -2,6 +2,9 @@
 
     command.py   the gunicorn command line that serves the agent API
     worker.py    the worker: TLS handshakes in the main loop, under a deadline
+    peers.py     after the handshake: revoked certificates, connections per certificate
+    intake.py    requests read whole in the main loop, under a deadline; closes that linger there
+    framing.py   where a request ends in the bytes received so far
     pool.py      the threads that answer requests
     response.py  an HTTP response written in one send
     watch.py     the worker that parks desired-state long-polls

@@ -36,8 +36,9 @@ def gunicorn_argv(
         "--worker-connections",
         "10000",
         # Longer than the heartbeat interval, so heartbeats reuse their TLS session.
+        # (The worker reads LLMGW_AGENT_IDLE_TIMEOUT itself; this keeps gunicorn's view the same.)
         "--keep-alive",
-        "75",
+        f"{settings.LLMGW_AGENT_IDLE_TIMEOUT:g}",
         "--certfile",
         os.path.abspath(certfile),
         "--keyfile",

@@ -117,7 +117,8 @@ class AgentApiWatchWorker(AgentApiWorker):
         conn.parked = None
         conn.resume_req = req
         conn.data_ready = True
-        self.enqueue_req(conn)
+        # The request was read whole before it was parked: straight to a thread.
+        self.tpool.put(conn)
 
     def _parked_readable(self, conn, _fileobj) -> None:
         self._unpark(conn)

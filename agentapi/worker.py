@@ -7,10 +7,12 @@ pool thread with no timeout: a port scanner, a stalled agent or a thousand
 agents reconnecting at once can hold every thread while real heartbeats wait.
 
 This worker does the TLS handshake in the main loop, non-blocking, under a
-deadline (``LLMGW_AGENT_HANDSHAKE_TIMEOUT``), and hands a connection to a
-thread only once it is verified and has bytes to read. A thread reading a
-request gives up after ``LLMGW_AGENT_REQUEST_TIMEOUT``. The SSL context is
-built once per worker rather than once per connection.
+deadline (``LLMGW_AGENT_HANDSHAKE_TIMEOUT``); refuses there a revoked
+certificate, or one that already holds its share of connections
+(``peers.py``); reads each request whole in the main loop, under a deadline
+(``intake.py``); and only then hands the connection to a thread, which never
+waits on the client to read. The SSL context is built once per worker rather
+than once per connection.
 
 Every agent heartbeats through here, thousands of times a second on two
 cores, so the per-request machinery is trimmed too (bench/heartbeats.py
@@ -35,6 +37,7 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 
@@ -44,6 +47,11 @@ from gunicorn import sock as gsock
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from pki.authn import PeerIdentity
+
+from .framing import Framing
+from .intake import Intake
+from .peers import PeerGate, keep_fresh
 from .pool import ConnectionPool
 from .response import OneWriteResponse
 
@@ -54,7 +62,7 @@ NOTIFY_EVERY = 1.0
 
 
 class TimedSSLSocket(ssl.SSLSocket):
-    """Blocking reads and writes in pool threads time out instead of hanging."""
+    """Blocking writes in pool threads time out instead of hanging."""
 
     request_timeout: float  # LLMGW_AGENT_REQUEST_TIMEOUT, set by AgentApiWorker.run()
 
@@ -65,20 +73,54 @@ class TimedSSLSocket(ssl.SSLSocket):
             super().setblocking(False)
 
 
+# The parser's source: it reads only what the event loop put in its buffer,
+# and an empty source past that (the end of input, never a wait).
+_NO_SOCKET = ()
+
+
 class VerifiedConn(TConn):
     """A connection whose TLS handshake the main loop already completed."""
 
-    keepalive = 2.0  # the worker sets --keep-alive here once; cfg lookups are not free
+    keepalive = 75.0  # LLMGW_AGENT_IDLE_TIMEOUT, set by the worker; cfg lookups are not free
+
+    def __init__(self, cfg, sock, client, server) -> None:
+        super().__init__(cfg, sock, client, server)
+        self.inbuf = bytearray()
+        self.framing: Framing | None = None
+        self.request_deadline = 0.0
+        self.peer: PeerIdentity | None = None
+        self.peers: PeerGate | None = None
+        self.linger: Callable[[VerifiedConn], None] | None = None
+
+    def name(self) -> str:
+        if self.peer is None:
+            return _peer(self)
+        return f"{_peer(self)} cn={self.peer.common_name} serial={self.peer.serial}"
+
+    def buffered_parser(self):
+        if self.parser is None:
+            self.parser = http.get_parser(self.cfg, _NO_SOCKET, self.client)
+        return self.parser
 
     def init(self) -> None:
         if self.initialized:
             return
         self.initialized = True
         self.sock.setblocking(True)
-        self.parser = http.get_parser(self.cfg, self.sock, self.client)
+        self.buffered_parser()
 
     def set_timeout(self) -> None:
         self.timeout = time.monotonic() + self.keepalive
+
+    def close(self, graceful: bool = False) -> None:
+        if self.peer is not None and self.peers is not None:
+            peers, self.peers = self.peers, None
+            peers.release(self.peer.serial)
+        if graceful and self.linger is not None:
+            linger, self.linger = self.linger, None
+            linger(self)
+            return
+        util.close(self.sock)
 
 
 class AgentApiWorker(ThreadWorker):
@@ -87,6 +129,8 @@ class AgentApiWorker(ThreadWorker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.handshaking: dict[VerifiedConn, int] = {}
+        self.intake: Intake | None = None
+        self.peers: PeerGate | None = None
         self._context: ssl.SSLContext | None = None
         self._notified_at = float("-inf")
 
@@ -108,14 +152,30 @@ class AgentApiWorker(ThreadWorker):
             super().notify()
 
     def get_thread_pool(self) -> ConnectionPool:
-        VerifiedConn.keepalive = float(self.cfg.keepalive)
         return ConnectionPool(self, self.cfg.threads)
 
     def run(self) -> None:
+        # Both import the models: loaded only once the application is (see above).
+        from nodes import liveness
+        from pki.selectors import revoked_serials
+
         self.handshake_timeout = settings.LLMGW_AGENT_HANDSHAKE_TIMEOUT
         TimedSSLSocket.request_timeout = settings.LLMGW_AGENT_REQUEST_TIMEOUT
-        from nodes import liveness
-
+        VerifiedConn.keepalive = settings.LLMGW_AGENT_IDLE_TIMEOUT
+        self.intake = Intake(
+            self,
+            request_timeout=settings.LLMGW_AGENT_REQUEST_TIMEOUT,
+            max_body=settings.LLMGW_MAX_HEARTBEAT_BYTES,
+        )
+        self.peers = PeerGate(per_cert=settings.LLMGW_AGENT_CONNECTIONS_PER_CERT, revoked=revoked_serials.cached)
+        try:
+            revoked_serials.get()
+        except Exception as exc:  # noqa: BLE001 - serve; keep_fresh retries, and the views check again
+            self.log.warning("agent-api cannot read revoked certificates yet: %s", exc)
+        threading.Thread(
+            target=keep_fresh, args=(revoked_serials.get, settings.LLMGW_REVOCATION_CACHE_SECONDS),
+            name="revocations", daemon=True,
+        ).start()
         self.ssl_context()
         liveness.store().serve_heartbeats()
         threading.Thread(target=_listener_alive_loop, name="listener-alive", daemon=True).start()
@@ -129,7 +189,10 @@ class AgentApiWorker(ThreadWorker):
     # --- serving ----------------------------------------------------------------
 
     def enqueue_req(self, conn) -> None:
-        self.tpool.put(conn)
+        """Every connection gunicorn would hand to a thread (readable after the
+        handshake, kept alive, or with bytes left over) is read here first;
+        ``intake`` hands it on once its request is whole."""
+        self.intake.read(conn)
 
     def keep_alive_here(self, conn) -> bool:
         """In the pool thread that answered: wait for the connection's next
@@ -259,7 +322,17 @@ class AgentApiWorker(ThreadWorker):
             return
         if self.handshaking.pop(conn, None) is not None:
             self.poller.unregister(conn.sock)
-        conn.timeout = time.monotonic() + self.cfg.keepalive
+        try:
+            der = conn.sock.getpeercert(binary_form=True)
+        except (OSError, ValueError):
+            der = None
+        conn.peer = self.peers.admit(der, peer=_peer(conn))
+        if conn.peer is None:
+            self._handshake_drop(conn)
+            return
+        conn.peers = self.peers
+        conn.linger = self.intake.linger
+        conn.timeout = time.monotonic() + conn.keepalive
         if conn.sock.pending():
             conn.data_ready = True
             self.enqueue_req(conn)
@@ -295,6 +368,7 @@ class AgentApiWorker(ThreadWorker):
         for conn in [c for c in self.handshaking if c.timeout <= now]:
             self.log.info("agent-api tls handshake from %s timed out", _peer(conn))
             self._handshake_drop(conn)
+        self.intake.expire(now)
 
 
 def _peer(conn: TConn) -> str:

@@ -346,3 +346,47 @@ async def hold_idle_connections(host: str, port: int, count: int, stop: asyncio.
     await stop.wait()
     await asyncio.gather(*tasks, return_exceptions=True)
     return stats
+
+
+async def hold_slow_connections(
+    host: str, port: int, context: ssl.SSLContext, request: bytes, count: int, interval: float, stop: asyncio.Event
+) -> dict[str, int]:
+    """``count`` mTLS connections with one node's certificate, each sending
+    ``request`` one byte every ``interval`` seconds (a slow-loris), opened
+    again whenever the server closes them, until ``stop``."""
+    stats = {"opened": 0, "closed_by_server": 0, "answered_408": 0}
+
+    async def sender() -> None:
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=context, server_hostname="localhost"), timeout=10
+                )
+            except (OSError, asyncio.TimeoutError):
+                await asyncio.sleep(interval)
+                continue
+            stats["opened"] += 1
+            try:
+                for byte in request:
+                    if stop.is_set():
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    try:
+                        data = await asyncio.wait_for(reader.read(64), timeout=interval)
+                    except asyncio.TimeoutError:
+                        continue
+                    stats["closed_by_server"] += 1
+                    stats["answered_408"] += data.startswith(b"HTTP/1.1 408")
+                    break
+            except (OSError, ssl.SSLError):
+                stats["closed_by_server"] += 1
+            finally:
+                writer.close()
+            if not stop.is_set():
+                await asyncio.sleep(interval)
+
+    tasks = [asyncio.ensure_future(sender()) for _ in range(count)]
+    await stop.wait()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return stats

@@ -17,7 +17,9 @@ the no-op ``/agent/v1/ping`` (the floor of any request on this listener),
 each paced at ``--rate`` across all nodes (2,000 nodes at 1,000/s is a 2 s
 interval, the load of 5,000 nodes at 5 s) and then closed-loop at
 ``--concurrency`` to find the ceiling; last, paced heartbeats again while
-64 TCP connections that never start TLS are held open against the listener.
+64 TCP connections that never start TLS are held open against the listener,
+and while 64 mTLS connections with one node's certificate send a request a
+byte a second (``--slow``; that node sits the phase out).
 
 CPU per request is read from /proc (utime + stime) for the server's workers,
 this process (the load generator), Redis and the benchmark database's
@@ -48,7 +50,16 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _proc_cpu import CpuMeter, CpuUse  # noqa: E402
-from _tls_load import LoadGenerator, PhaseResult, SimNode, client_context, get, hold_idle_connections, post  # noqa: E402
+from _tls_load import (  # noqa: E402
+    LoadGenerator,
+    PhaseResult,
+    SimNode,
+    client_context,
+    get,
+    hold_idle_connections,
+    hold_slow_connections,
+    post,
+)
 
 
 # --- set-up -------------------------------------------------------------------
@@ -63,6 +74,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight in closed-loop phases (64)")
     p.add_argument("--rounds", type=int, default=2, help="steady-state rounds; the summary keeps the best (2)")
     p.add_argument("--idle", type=int, default=64, help="idle TCP connections in the last phase; 0 skips it (64)")
+    p.add_argument("--slow", type=int, default=64,
+                   help="slow-loris mTLS connections with one node's certificate in a last phase; 0 skips it (64)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="threads per worker (gunicorn_argv's default)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs in each node's inventory (8)")
@@ -290,6 +303,20 @@ async def _run_phases(args, gen: LoadGenerator, nodes: list[SimNode], meter: Cpu
         )
         stop.set()
         row.extra.update(await holder)
+    if args.slow and len(nodes) > 1:
+        stop = asyncio.Event()
+        attacker, others = nodes[-1], nodes[:-1]
+        holder = asyncio.ensure_future(hold_slow_connections(
+            args.host, gen.port, attacker.context, attacker.heartbeat, args.slow, 1.0, stop
+        ))
+        await asyncio.sleep(1.0)
+        row = await measure(
+            f"heartbeat @ {args.rate:g}/s + {args.slow} slow",
+            "heartbeat slow",
+            gen.paced(others, kind="heartbeat", rate=args.rate, seconds=args.seconds),
+        )
+        stop.set()
+        row.extra.update(await holder)
     return {"rows": rows, "steady_from": steady_from}
 
 
@@ -434,14 +461,14 @@ def main(argv: list[str] | None = None) -> int:
         events = Event.objects.filter(created_at__gte=steady).count()
         registered = Node.objects.filter(status="ready").count()
 
-        best = {kind: _best(rs, paced=kind.endswith("paced") or kind.endswith("idle")) for kind, rs in rows.items()}
+        best = {kind: _best(rs, paced=kind.endswith(("paced", "idle", "slow"))) for kind, rs in rows.items()}
         print()
         print(f"Summary (best of {args.rounds} round{'s' if args.rounds > 1 else ''}; load generator: one process, "
               f"{loop_name}; server: {args.workers} gunicorn workers)")
         print(HEADER)
         print(UNITS)
         for kind in ("connect", "register", "heartbeat paced", "ping paced", "heartbeat closed", "ping closed",
-                     "heartbeat idle"):
+                     "heartbeat idle", "heartbeat slow"):
             if kind in best:
                 print(_line(best[kind]))
         print()
@@ -463,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  with {args.idle} idle TCP connections held open: p99 {idle.result.percentile(99) * 1000:.1f} ms "
                   f"(idle connections opened {idle.extra.get('opened')}, dropped by the server "
                   f"{idle.extra.get('dropped_by_server')})")
+        if "heartbeat slow" in best:
+            slow = best["heartbeat slow"]
+            print(f"  with {args.slow} slow-loris mTLS connections (one certificate, a byte a second): p99 "
+                  f"{slow.result.percentile(99) * 1000:.1f} ms, errors {slow.result.failures} (slow connections "
+                  f"opened {slow.extra.get('opened')}, closed by the server {slow.extra.get('closed_by_server')}, "
+                  f"of which answered 408 {slow.extra.get('answered_408')})")
         if args.json:
             Path(args.json).write_text(json.dumps({
                 "nodes": args.nodes, "rate": args.rate, "rounds": args.rounds, "goal_met": met,

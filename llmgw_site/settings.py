@@ -242,8 +242,15 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
 
 # Seconds a client gets to finish its TLS handshake.
 LLMGW_AGENT_HANDSHAKE_TIMEOUT = env.float("LLMGW_AGENT_HANDSHAKE_TIMEOUT", default=10.0)
-# Seconds a request may take to arrive once its connection is verified.
+# Seconds a request (head and body) may take to arrive whole, from its first
+# byte; also the bound on each write of an answer.
 LLMGW_AGENT_REQUEST_TIMEOUT = env.float("LLMGW_AGENT_REQUEST_TIMEOUT", default=30.0)
+# Seconds a verified connection may stay open with no request started: longer
+# than the heartbeat interval, so that heartbeats reuse their connection.
+LLMGW_AGENT_IDLE_TIMEOUT = env.float("LLMGW_AGENT_IDLE_TIMEOUT", default=75.0)
+# Connections one certificate may hold open in each agent API worker process
+# (an agent uses two: heartbeats and the desired-state long-poll).
+LLMGW_AGENT_CONNECTIONS_PER_CERT = env.int("LLMGW_AGENT_CONNECTIONS_PER_CERT", default=4)
 LLMGW_AGENT_LOG_LEVEL = env.str("LLMGW_AGENT_LOG_LEVEL", default="info")
 # Any value turns gunicorn's access log on.
 LLMGW_AGENT_ACCESS_LOG = bool(env.str("LLMGW_AGENT_ACCESS_LOG", default=""))

@@ -15,6 +15,7 @@ comes from the Django view, so refusals and replies have one implementation.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -43,10 +44,41 @@ class Parkable:
     wait: float
 
 
+class LongPollInvalid(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def longpoll_params(*, version: str | None, wait: str | None) -> tuple[int | None, float]:
+    """The ``version`` and ``wait`` of a desired-state request, or
+    ``LongPollInvalid`` naming the field at fault. A wait over ``MAX_WAIT``
+    is cut to it: a long-poll may always be answered early."""
+    parsed_version = None
+    if version is not None:
+        try:
+            parsed_version = int(version)
+        except ValueError:
+            parsed_version = -1
+        if parsed_version < 0:
+            raise LongPollInvalid("version", f"version must be a whole number of 0 or more, not {version[:40]!r}")
+    if wait is None:
+        return parsed_version, 0.0
+    try:
+        seconds = float(wait)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise LongPollInvalid(
+            "wait", f"wait must be a number of seconds from 0 to {MAX_WAIT:g}, not {wait[:40]!r}"
+        )
+    return parsed_version, min(seconds, MAX_WAIT)
+
+
 def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> Parkable | None:
     """A long-poll that has nothing to say yet, from the node it names.
 
-    Anything else (other paths, bad parameters, a foreign or revoked
+    Anything else (other paths, bad parameters: the view answers them 400, a foreign or revoked
     certificate, a version that is already stale) returns None and goes to
     the view, which answers at once.
     """
@@ -57,11 +89,13 @@ def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> P
         return None
     params = parse_qs(query)
     try:
-        version = int(params["version"][0])
-        wait = min(float(params.get("wait", ["0"])[0]), MAX_WAIT)
-    except (KeyError, ValueError, IndexError):
+        # The last of repeated parameters, as the view reads them (QueryDict).
+        version, wait = longpoll_params(
+            version=params.get("version", [None])[-1], wait=params.get("wait", [None])[-1]
+        )
+    except LongPollInvalid:
         return None
-    if wait <= 0:
+    if version is None or wait <= 0:
         return None
     node = match["node"]
     peer = identity_from_der(peer_der)

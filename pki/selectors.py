@@ -65,6 +65,12 @@ class _RevokedSerials:
             self._known, self._stale = True, False
         self._loaded_at = time.monotonic()
 
+    def cached(self) -> frozenset[str]:
+        """The last set read, without touching the database: for the agent
+        API's event loop, which must not wait on a query (a thread of its
+        own calls ``get()`` to keep this fresh)."""
+        return self._serials
+
     def invalidate(self) -> None:
         self._loaded_at = float("-inf")
 

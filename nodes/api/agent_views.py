@@ -25,6 +25,7 @@ from ..exceptions import InventoryRejected
 from ..heartbeat import node_heartbeat
 from ..models import Node
 from ..validation import HeartbeatInvalid
+from ..watch import LongPollInvalid, longpoll_params
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,10 @@ def desired(request, node_id: str):
     refusal = authorize_node(request, node_id)
     if refusal is not None:
         return refusal
+    try:
+        longpoll_params(version=request.GET.get("version"), wait=request.GET.get("wait"))
+    except LongPollInvalid as exc:
+        return _error(400, str(exc), details={exc.field: [str(exc)]})
     try:
         if not outages.database_dependency.worth_trying():
             raise OperationalError(f"the database is unreachable ({outages.database_dependency.cause})")

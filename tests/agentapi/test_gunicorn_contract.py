@@ -3,8 +3,9 @@ into, checked against the gunicorn installed (the version pinned in
 requirements.txt).
 
 agentapi/ subclasses gthread's ThreadWorker, TConn and wsgi.Response,
-replaces the ThreadPoolExecutor gthread hands connections to, and reads the
-parser's buffer. None of that is gunicorn's public API: a gunicorn upgrade may
+replaces the ThreadPoolExecutor gthread hands connections to, reads each
+request in the event loop before gthread's ``handle`` sees it, and fills the
+parser's buffer with it. None of that is gunicorn's public API: a gunicorn upgrade may
 rename a method (ours would then never be called), change its arguments
 (ours would then be called wrongly), or drop an attribute. Each test here
 fails with the name of what changed; read the new gunicorn's gthread.py and
@@ -38,7 +39,7 @@ OVERRIDES = {
     AgentApiWorker: ["__init__", "notify", "get_thread_pool", "run", "enqueue_req", "handle_request",
                      "_cap_keepalive", "accept", "murder_pending"],
     AgentApiWatchWorker: ["__init__", "run", "handle", "handle_request", "finish_request", "murder_pending"],
-    VerifiedConn: ["init", "set_timeout"],
+    VerifiedConn: ["__init__", "init", "set_timeout", "close"],
     OneWriteResponse: ["__init__", "send_headers", "_emit_body", "close"],
 }
 
@@ -46,7 +47,7 @@ OVERRIDES = {
 CALLED = {
     ThreadWorker: ["handle", "handle_request", "finish_request", "_keepalive_after", "on_client_socket_readable",
                    "on_pending_socket_readable", "murder_pending", "notify", "run"],
-    TConn: ["close"],
+    TConn: ["__init__"],
     wsgi.Response: ["default_headers", "write", "write_file", "should_close", "force_close", "start_response"],
 }
 
@@ -203,14 +204,68 @@ def test_a_real_parser_and_connection_have_what_we_read():
             assert hasattr(conn, name), f"TConn has no attribute {name!r}"
         # The watch worker keeps its own state on the connection.
         conn.park = conn.parked = conn.resume_req = None
-        client.sendall(b"GET /agent/v1/nodes/node01/desired?wait=30 HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The event loop (intake.py) puts a whole request, and what follows
+        # it, in the parser's buffer; a thread then parses from there.
+        pipelined = b"GET /agent/v1/ping HTTP/1.1\r\nHost: x\r\n"
+        conn.buffered_parser().unreader.unread(
+            b"GET /agent/v1/nodes/node01/desired?wait=30 HTTP/1.1\r\nHost: x\r\n\r\n" + pipelined
+        )
         conn.init()
         req = next(conn.parser)
         assert (req.method, req.path, req.query) == ("GET", "/agent/v1/nodes/node01/desired", "wait=30")
+        assert conn.parser.finish_body(deadline=0.0)
+        assert conn.parser.unreader.take_buffered() == pipelined
         assert conn.parser.unreader.buf.getvalue() == b""
     finally:
         server.close()
         client.close()
+
+
+def test_the_parser_of_a_connection_never_reads_its_socket():
+    """A request the event loop misjudged as whole ends the parser's input:
+    the thread gets NoMoreData at once, however much the socket holds."""
+    cfg = Config()
+    server, client = socket.socketpair()
+    try:
+        conn = VerifiedConn(cfg, server, ("127.0.0.1", 40000), ("127.0.0.1", 7443))
+        client.sendall(b"Host: x\r\n\r\n")  # the rest of the head, on the socket only
+        conn.buffered_parser().unreader.unread(b"GET /agent/v1/ping HTTP/1.1\r\n")
+        conn.init()
+        assert not hasattr(conn.parser.unreader, "sock")
+        with pytest.raises(http.errors.NoMoreData):
+            next(conn.parser)
+        body = b'{"a": 1}'
+        conn.parser = None
+        conn.buffered_parser().unreader.unread(
+            b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body) + 5, body)
+        )
+        req = next(conn.parser)
+        assert req.body.read() == body  # the rest never came: the body ends where the buffer does
+    finally:
+        server.close()
+        client.close()
+
+
+def test_every_way_gthread_hands_a_connection_to_a_thread_goes_through_enqueue_req():
+    """Our enqueue_req reads the request in the event loop first; a path that
+    submitted to the pool without it would let a thread wait on a client."""
+    for caller in (ThreadWorker.on_client_socket_readable, ThreadWorker.on_pending_socket_readable,
+                   ThreadWorker.finish_request):
+        assert "enqueue_req" in _calls_on(caller, "self"), caller.__qualname__
+    assert {"accept"} <= set(vars(AgentApiWorker))  # gthread's accept submits directly: ours replaces it
+    # A connection handed over with its request read skips gthread's wait for data.
+    assert "conn.data_ready" in inspect.getsource(ThreadWorker.handle)
+    assert "take_buffered" in vars(http.unreader.Unreader) and "unread" in vars(http.unreader.Unreader)
+
+
+def test_gunicorn_closes_connections_through_conn_close():
+    """VerifiedConn.close gives back the certificate's connection slot, and
+    turns a graceful close into a non-blocking linger in the event loop."""
+    assert "close" in _calls_on(ThreadWorker.finish_request, "conn")
+    assert "graceful=True" in inspect.getsource(ThreadWorker.finish_request)
+    for caller in (ThreadWorker.murder_keepalived, ThreadWorker.murder_pending):
+        assert "close" in _calls_on(caller, "conn"), caller.__qualname__
+    assert _shape(TConn.close) == _shape(VerifiedConn.close)
 
 
 class _Sends:
