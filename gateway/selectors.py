@@ -113,6 +113,11 @@ def key_get(*, name: str) -> ApiKey | None:
     return ApiKey.objects.filter(name=name).first()
 
 
+def _gpu_states(status: str, allocated: int, total: int) -> tuple[int, int, int]:
+    unallocated = total - allocated
+    return (allocated, 0, unallocated) if status == NodeStatus.LOST else (allocated, unallocated, 0)
+
+
 def cluster_gauges() -> dict[str, Any]:
     """Replicas by model and status, nodes by status, heartbeat ages, GPUs."""
     replicas = {(m, s): n for m, s, n in
@@ -130,5 +135,6 @@ def cluster_gauges() -> dict[str, Any]:
         "replicas": replicas,
         "nodes": node_states,
         "node_heartbeat_age": {n.name: age_seconds(seen.get(n.name)) for n in nodes},
-        "gpus": {n.name: (allocated.get(n.name, 0), gpus.get(n.name, 0) - allocated.get(n.name, 0)) for n in nodes},
+        # (allocated, free, unavailable): a lost node's GPUs are not free, whatever it held.
+        "gpus": {n.name: _gpu_states(n.status, allocated.get(n.name, 0), gpus.get(n.name, 0)) for n in nodes},
     }

@@ -14,7 +14,7 @@ from django.utils import timezone
 from nodes.choices import EventKind
 from nodes.events import event_record
 
-from . import drain
+from . import drain, moves
 from .catalog import model_refresh_fit
 from .choices import PLACED, ReplicaStatus
 from .models import CatalogEntry, Replica
@@ -32,6 +32,7 @@ def replicas_reconcile() -> None:
     for model_id in list(CatalogEntry.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
+    moves.moves_step()
     replicas_quiesce()
     snapshot = cluster_snapshot()
     for model in CatalogEntry.objects.all():

@@ -189,8 +189,8 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
 
 
 def _record_pending(replica: Replica, reason: str, never: bool) -> None:
-    if replica.pending_reason == reason:
-        return
+    if replica.pending_reason == reason or replica.pending_reason.startswith(reason + "; "):
+        return  # unchanged (a note the defragmentation added after "; " stays)
     Replica.objects.filter(pk=replica.pk, status=ReplicaStatus.PENDING).update(pending_reason=reason)
     event_record(
         kind=EventKind.REPLICA_PENDING,

@@ -81,7 +81,7 @@ def test_seeds_replacement_after_node02_is_lost_goes_to_ib_b_not_across_fabrics(
     result = place(req(2, 4), after)
     assert isinstance(result, Unplaceable) and not result.never
     assert result.reason == (
-        "needs 2 nodes x 4 GPUs in one fabric; ib-a: 1 node has 4 free (node01); ib-b: none; "
+        "needs 2 nodes x 4 GPUs in one fabric; ib-a: 1 node has 4+ free (node01: 8); ib-b: none; "
         "excluded as not schedulable: node02 (lost)"
     )
 
@@ -94,8 +94,8 @@ def test_multi_node_replica_never_spans_two_fabrics():
     snapshot = ClusterSnapshot([node("a1", "ib-a"), node("a2", "ib-a", free=0), node("b1", "ib-b")])
     result = place(req(2, 8), snapshot)
     assert isinstance(result, Unplaceable)
-    assert "ib-a: 1 node has 8 free (a1)" in result.reason
-    assert "ib-b: 1 node has 8 free (b1)" in result.reason
+    assert "ib-a: 1 node has 8+ free (a1: 8)" in result.reason
+    assert "ib-b: 1 node has 8+ free (b1: 8)" in result.reason
 
 
 def test_fabric_less_node_never_receives_a_multi_node_member():
@@ -309,7 +309,7 @@ def test_reason_names_few_nodes_and_counts_many():
     result = place(req(6, 4), ClusterSnapshot(nodes))
     assert isinstance(result, Unplaceable) and not result.never
     assert result.reason == (
-        "needs 6 nodes x 4 GPUs in one fabric; ib-a: 5 nodes have 4 free; ib-b: 1 node has 4 free (b1); "
+        "needs 6 nodes x 4 GPUs in one fabric; ib-a: 5 nodes have 4+ free; ib-b: 1 node has 4+ free (b1: 4); "
         "ib-c, ib-d: none"
     )
 
