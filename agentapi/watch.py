@@ -22,8 +22,6 @@ from functools import partial
 
 from django.db import close_old_connections
 
-from nodes import liveness
-
 from .worker import AgentApiWorker
 
 logger = logging.getLogger(__name__)
@@ -148,7 +146,7 @@ class AgentApiWatchWorker(AgentApiWorker):
         self.method_queue.defer(self._wake, node)
 
     def _pubsub_loop(self) -> None:
-        from nodes import watch
+        from nodes import liveness, watch
 
         while True:
             try:
