@@ -22,6 +22,8 @@ from functools import partial
 
 from django.db import close_old_connections
 
+from nodes import liveness
+
 from .worker import AgentApiWorker
 
 logger = logging.getLogger(__name__)
@@ -146,7 +148,7 @@ class AgentApiWatchWorker(AgentApiWorker):
         self.method_queue.defer(self._wake, node)
 
     def _pubsub_loop(self) -> None:
-        from nodes import liveness, watch
+        from nodes import watch
 
         while True:
             try:
