@@ -36,6 +36,11 @@ from .placement import (
     place,
 )
 
+# How a pending replica's reason says that room is being made for it, after
+# the placement's own reason (the scheduler keeps it; a drain does not call
+# such a replica stuck).
+MAKING_ROOM = "; making room: "
+
 # Replicas of one node considered for eviction, largest first: enough for any
 # real node (8 or 16 GPUs), and a bound on the subset search.
 PER_NODE = 12

@@ -14,6 +14,7 @@ from nodes.services import node_transition
 from nodes.statemachine import StateMachine
 
 from .choices import DRAIN_ACTIVE, DRAIN_TRANSITIONS, PLACED, DrainStatus, ReplicaStatus
+from .defrag import MAKING_ROOM
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidDrainTransition
 from .models import Drain, Replica
@@ -112,7 +113,8 @@ def drain_step(*, drain_id: int) -> None:
                     drain.current = None
                     current = None
                 else:
-                    stuck = Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="").first()
+                    stuck = (Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="")
+                             .exclude(pending_reason__contains=MAKING_ROOM).first())
                     if stuck is not None and drain.status != DrainStatus.BLOCKED:
                         DRAIN_STATES.apply(
                             drain, to=DrainStatus.BLOCKED, severity=EventSeverity.ERROR,

@@ -35,7 +35,6 @@ logger = logging.getLogger(__name__)
 # Pending replicas looked at per reconcile, oldest first: planning is bounded
 # even when many wait (each plan is linear in the nodes of a group).
 PLANNED_PER_PASS = 5
-MARK = "; making room: "
 GIVE_UP = "; "
 
 
@@ -144,7 +143,7 @@ def moves_plan() -> int:
             if move_start(move=move, target=replica, fabric=plan.fabric):
                 started.append(f"{move.model} replica {move.replica} {move.source} -> {move.destination.members[0].node}")
         if started:
-            _note(replica, result.reason, MARK + ", ".join(started), severity=EventSeverity.INFO)
+            _note(replica, result.reason, defrag.MAKING_ROOM + ", ".join(started), severity=EventSeverity.INFO)
         return len(started)
     return 0
 
