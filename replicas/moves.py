@@ -148,10 +148,35 @@ def moves_plan() -> int:
     return 0
 
 
+def _freeing() -> str:
+    """What is still giving GPUs back (moves in flight, replicas stopping), in words; empty if nothing."""
+    moving = moves_in_flight().count()
+    stopping = (
+        Replica.objects.filter(status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED])
+        .filter(members__state__in=[s for s in MemberState.values if s != MemberState.GONE]).distinct().count()
+    )
+    parts = ([f"{moving} move(s) in flight"] if moving else []) + (
+        [f"{stopping} stopping replica(s) to free their GPUs"] if stopping else [])
+    return " and ".join(parts)
+
+
 def moves_step() -> None:
-    """From the reconcile: finish what can finish; plan when nothing is moving."""
+    """From the reconcile: finish what can finish; plan when nothing is moving
+    and no replica is still giving GPUs back (a plan made then would move
+    what need not move, or give up too soon)."""
     if not settings.LLMGW_DEFRAG:
         return
     moves_finish()
-    if not moves_in_flight().exists():
+    freeing = _freeing()
+    if not freeing:
         moves_plan()
+        return
+    # The scheduler has just written why each of these cannot be placed; say
+    # that room may come, so that a drain waiting on one does not call it stuck.
+    waiting = (
+        Replica.objects.filter(status=ReplicaStatus.PENDING, model__never_fits_reason="", model__removing=False)
+        .exclude(pending_reason="").exclude(pending_reason__contains=defrag.MAKING_ROOM)
+        .select_related("model").order_by("id")[:PLANNED_PER_PASS]
+    )
+    for replica in waiting:
+        _note(replica, replica.pending_reason, f"{defrag.MAKING_ROOM}waiting for {freeing}", severity=EventSeverity.INFO)
