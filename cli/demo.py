@@ -107,7 +107,8 @@ def _print_guide(cluster: SimCluster, lines: list[str], *, host: str, web_port: 
     if not ApiKey.objects.filter(name="demo").exists():
         key = key_create(name="demo").key
     curl = "  " + snippets.curl(base_url=web, model="qwen-7b-sim").replace("\n", "\n  ")
-    openai = "  python - <<'PY'\n" + "".join(
+    python = str(Path(llmgw).with_name("python")) if llmgw != "llmgw" else "python"
+    openai = f"  {python} - <<'PY'\n" + "".join(
         "  " + line + "\n" for line in snippets.openai_python(base_url=web, model="qwen-7b-sim").splitlines()
     ) + "  PY"
     print("\n".join(lines))
@@ -140,7 +141,7 @@ Send a request through the gateway, with the API key made for this demo (shown o
   export LLMGW_KEY={key}
 {curl}
 
-or with the openai package:
+or with the openai package (in llmgw's environment; elsewhere: pip install openai):
 {openai}
 Ctrl-C stops everything.
 """, flush=True)

@@ -60,8 +60,8 @@ def test_demo_comes_up_and_its_snippets_work(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert curl.returncode == 0, curl.stderr
         assert "data: " in curl.stdout and "[DONE]" in curl.stdout
-        # The snippet's "python" is the one with the openai package: ours.
-        script = _block(printed, "python - <<'PY'", "PY").replace("python - <<'PY'", f"{sys.executable} - <<'PY'", 1)
+        # As printed: the demo's own interpreter, which has the openai package.
+        script = _block(printed, f"{Path(llmgw_argv()[0]).with_name('python')} - <<'PY'", "PY")
         python = subprocess.run(["bash", "-c", script], env=snippet_env, capture_output=True, text=True, timeout=60)
         assert python.returncode == 0, python.stderr
         assert "qwen-7b-sim" in python.stdout
@@ -163,6 +163,14 @@ def test_the_demo_story_as_printed_and_the_readme_tour(tmp_path):
                 time.sleep(1)
 
         wait(lambda: len(ready("llama-70b-sim")) == 2 and len(ready("qwen-7b-sim")) == 2, 120, "the catalog ready")
+        # The openai snippet exactly as printed: the demo's own .venv/bin/python has the client.
+        key = re.search(r"export LLMGW_KEY=(\S+)", printed)[1]
+        snippet = _block(printed, ".venv/bin/python - <<'PY'", "PY")
+        wait(lambda: subprocess.run(["bash", "-c", snippet], cwd=tmp_path, env=dict(env, LLMGW_KEY=key),
+                                    capture_output=True, timeout=60).returncode == 0, 30, "the gateway to route")
+        said = subprocess.run(["bash", "-c", snippet], cwd=tmp_path, env=dict(env, LLMGW_KEY=key),
+                              capture_output=True, text=True, timeout=60)
+        assert said.returncode == 0 and "qwen-7b-sim" in said.stdout, said.stderr
         nodes_table = run(steps[0])
         assert all(name in nodes_table for name in ("node01", "node02", "node03", "node04"))
         assert "ready" in nodes_table
