@@ -86,6 +86,16 @@ def routing_snapshot() -> RoutingSnapshot:
     return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys)
 
 
+def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:
+    """A live key by the hash of its secret (a key made since the routing table was loaded)."""
+    row = (ApiKey.objects.filter(secret_hash=secret_hash, revoked_at__isnull=True)
+           .values_list("id", "name", "allowed_models").first())
+    if row is None:
+        return None
+    pk, name, allowed = row
+    return KeyRow(id=pk, name=name, secret_hash=secret_hash, allowed_models=frozenset(allowed) if allowed else None)
+
+
 def replica_inflight(replica_id: int) -> int:
     """Requests in flight on a replica, summed over every live gateway process.
 

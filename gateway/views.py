@@ -26,8 +26,8 @@ def _refuse(gw: Gateway, endpoint: str, model: str, status: int, message: str, k
     return openai_error(status, message, kind, **kwargs)
 
 
-def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
-    key = gw.authenticate(request.META.get("HTTP_AUTHORIZATION"))
+async def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
+    key = await gw.authenticate_or_look_up(request.META.get("HTTP_AUTHORIZATION"))
     if key is None and not gw.open:
         given = "HTTP_AUTHORIZATION" in request.META
         message = ("Incorrect API key provided." if given else
@@ -58,7 +58,7 @@ async def models(request: HttpRequest) -> HttpResponse:
     refused = _method(gw, request, "models", "GET")
     if refused:
         return refused
-    key, refused = _authenticate(gw, request, "models")
+    key, refused = await _authenticate(gw, request, "models")
     if refused:
         return refused
     data = [_model_object(gw, name) for name in gw.table.ready_models() if key is None or key.allows(name)]
@@ -71,7 +71,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     refused = _method(gw, request, "models", "GET")
     if refused:
         return refused
-    key, refused = _authenticate(gw, request, "models")
+    key, refused = await _authenticate(gw, request, "models")
     if refused:
         return refused
     if model not in gw.table.by_model or (key is not None and not key.allows(model)):
@@ -105,7 +105,7 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
     refused = _method(gw, request, endpoint, "POST")
     if refused:
         return refused
-    key, refused = _authenticate(gw, request, endpoint)
+    key, refused = await _authenticate(gw, request, endpoint)
     if refused:
         return refused
     raw = request.body
