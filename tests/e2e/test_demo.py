@@ -171,6 +171,12 @@ def test_the_demo_story_as_printed_and_the_readme_tour(tmp_path):
         said = subprocess.run(["bash", "-c", snippet], cwd=tmp_path, env=dict(env, LLMGW_KEY=key),
                               capture_output=True, text=True, timeout=60)
         assert said.returncode == 0 and "qwen-7b-sim" in said.stdout, said.stderr
+        # The README's other key, made as it says, works at once with the printed curl line.
+        readme = (REPO / "README.md").read_text()
+        made = run(re.search(r"`(\.venv/bin/llmgw ctl keys create \S+ -q)`", readme)[1]).strip()
+        curl = subprocess.run(["bash", "-c", _block(printed, "curl ", "-d ")], cwd=tmp_path,
+                              env=dict(env, LLMGW_KEY=made), capture_output=True, text=True, timeout=60)
+        assert curl.returncode == 0 and "[DONE]" in curl.stdout, (curl.stdout, curl.stderr)
         nodes_table = run(steps[0])
         assert all(name in nodes_table for name in ("node01", "node02", "node03", "node04"))
         assert "ready" in nodes_table
