@@ -149,3 +149,17 @@ def test_never_more_moves_at_once_than_the_setting(seeds_cluster, settings):  # 
     big = Replica.objects.get(model__name="z-big")
     assert big.status in PLACED and set(_placement(big)) == {"node01", "node02"}
     assert Replica.objects.filter(draining=True).count() == 2
+
+
+def test_gpus_freed_by_a_stopped_replica_trigger_a_reconcile(demo, monkeypatch, django_capture_on_commit_callbacks):
+    """Capacity changed: the pending replicas are placed, or their reasons written again, at once."""
+    from replicas import tasks
+
+    asked = []
+    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: asked.append("now"))
+    qwen = Replica.objects.filter(model__name="qwen-7b-sim").first()
+    services.replica_transition(replica_id=qwen.pk, to=ReplicaStatus.STOPPING, reason="test")
+    with django_capture_on_commit_callbacks(execute=True):
+        _report(qwen.members.get().node, **{m.member_id: (None, False) for m in qwen.members.all()})
+    assert Replica.objects.get(pk=qwen.pk).status == ReplicaStatus.STOPPED
+    assert asked, "no reconcile asked for when the GPUs were freed"
