@@ -24,6 +24,9 @@ def gunicorn_argv(
         "-m",
         "gunicorn",
         "agentapi.wsgi:application",
+        # Django set up before the worker class is imported (it uses the models).
+        "--config",
+        "python:agentapi.gunicorn_conf",
         "--bind",
         f"{host}:{port}",
         "--worker-class",

@@ -8,6 +8,11 @@ placements/s and p50/p99 per placement, then checks the invariants in the
 database: no GPU twice, no replica across fabrics, no multi-node replica on a
 fabric-less node. Goal: at least 200 placements/s.
 
+Then the cost of making room (``replicas.defrag``, ``replicas.moves``) on
+that nearly full cluster: the pure planner for each pending shape, and one
+whole planning pass of the service (snapshot read, planning, the moves
+started), with the invariants checked again.
+
     make bench-scheduler      (or: python bench/scheduler.py)
 """
 
@@ -38,16 +43,17 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the replica mix (default 1.0 = 2,000)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--db", default=DB_NAME, help=f"database to (re)create (default {DB_NAME})")
     args = parser.parse_args()
 
     os.environ.update(
-        DATABASE_URL=f"{args.pg}/{DB_NAME}",
+        DATABASE_URL=f"{args.pg}/{args.db}",
         CELERY_BROKER_URL=args.redis,
         LLMGW_REDIS_URL=args.redis,
         LLMGW_DATA_DIR=tempfile.mkdtemp(prefix="llmgw-bench-scheduler-"),
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
     )
-    _recreate_database(args.pg)
+    _recreate_database(args.pg, args.db)
     import django
 
     django.setup()
@@ -110,7 +116,45 @@ def main() -> int:
     print("invariants: " + ("OK (no GPU twice, no replica across fabrics, no multi-node on a fabric-less node)"
                             if not problems else f"{len(problems)} broken"))
     print(f"goal (>= 200 placements/s): {'met' if placed / elapsed >= 200 else 'NOT met'}")
+    problems += _bench_moves()
     return 1 if problems else 0
+
+
+def _bench_moves() -> list[str]:
+    """Planning moves for what is left pending, pure and through the service."""
+    from replicas import defrag, moves, placement, scheduling
+    from replicas.models import CatalogEntry, Member, Replica
+
+    # The placed replicas run: ready, so that they may be moved.
+    Replica.objects.filter(status="scheduled").update(status="ready")
+    snapshot = scheduling.cluster_snapshot()
+    movable = [defrag.Movable(r, m, n, tuple(g)) for r, m, n, g in Member.objects.filter(
+        replica__status="ready", replica__model__nodes=1).values_list("replica_id", "replica__model__name",
+                                                                      "node__name", "gpus")]
+    print(f"moves: {len(movable)} single-node replicas may move; free GPUs left: "
+          f"{sum(len(n.free_gpus) for n in snapshot.nodes.values())}")
+    for model in CatalogEntry.objects.order_by("nodes", "gpus_per_node"):
+        request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
+        if not isinstance(placement.place(request, snapshot), placement.Unplaceable):
+            continue
+        ms, plan = [], None
+        for _ in range(20):
+            start = time.perf_counter()
+            plan = defrag.plan_room(request, snapshot, movable)
+            ms.append((time.perf_counter() - start) * 1000)
+        ms.sort()
+        found = (f"{len(plan.moves)} move(s) of {sum(m.gpus for m in plan.moves)} GPU(s) on {plan.fabric}"
+                 if isinstance(plan, defrag.RoomPlan) else f"no room: {plan.reason[:90]}")
+        print(f"plan room for {model.nodes}x{model.gpus_per_node} (pure plan_room, 20 runs): "
+              f"p50 {statistics.median(ms):.2f} ms, max {ms[-1]:.2f} ms: {found}")
+    start = time.perf_counter()
+    started = moves.moves_plan()
+    elapsed = time.perf_counter() - start
+    print(f"one planning pass of the service (snapshot, plans for up to {moves.PLANNED_PER_PASS} pending replicas, "
+          f"moves started under row locks): {elapsed * 1000:.0f} ms, {started} move(s) started")
+    problems = _check_invariants()
+    print("invariants after the moves started: " + ("OK" if not problems else f"{len(problems)} broken"))
+    return problems
 
 
 def _build_cluster(nodes: int, fabrics: int, islands: int) -> None:
@@ -171,7 +215,7 @@ def _check_invariants() -> list[str]:
     fabric_of = {}
     for node_id, fabric in Node.fabrics.through.objects.values_list("node_id", "fabric__name"):
         fabric_of.setdefault(node_id, set()).add(fabric)
-    for replica in Replica.objects.filter(status="scheduled").prefetch_related("members"):
+    for replica in Replica.objects.filter(status__in=["scheduled", "ready"]).prefetch_related("members"):
         members = list(replica.members.all())
         if len(members) > 1:
             common = set.intersection(*(fabric_of.get(m.node_id, set()) for m in members))
@@ -188,12 +232,12 @@ def _check_invariants() -> list[str]:
     return problems
 
 
-def _recreate_database(server: str) -> None:
+def _recreate_database(server: str, name: str) -> None:
     import psycopg
 
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
 
 
 if __name__ == "__main__":

@@ -54,10 +54,16 @@ def _issue(name: str, out: Path) -> None:
         bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
 
 
+def _stop(cluster: SimCluster) -> None:
+    print("\nllmgw demo: stopping the control plane, then the simulated nodes", flush=True)
+    cluster.stop()
+    print("llmgw demo: stopped", flush=True)
+
+
 def run_demo(*, host: str, web_port: int, agent_port: int) -> int:
     lines = first_run(host=host)
     cluster = _cluster(host=host, agent_port=agent_port)
-    with stopped_on_exit(cluster.stop):
+    with stopped_on_exit(lambda: _stop(cluster)):
         _start(cluster, host=host, web_port=web_port, agent_port=agent_port)
         _print_guide(cluster, lines, host=host, web_port=web_port)
         exited = cluster.processes.wait(interval=0.5)
@@ -89,14 +95,20 @@ def _start(cluster: SimCluster, *, host: str, web_port: int, agent_port: int) ->
 
 def _print_guide(cluster: SimCluster, lines: list[str], *, host: str, web_port: int) -> None:
     catalog = cluster.base / "catalog.yaml"
-    data = settings.DATA_DIR
+    # Under the current directory (make demo: var/demo), said as the README says it.
+    try:
+        relative = settings.DATA_DIR.relative_to(Path.cwd())
+        data, data_env = str(relative), f"$PWD/{relative}"
+    except ValueError:
+        data = data_env = str(settings.DATA_DIR)
     web = f"http://{host}:{web_port}"
     llmgw = llmgw_command()
     key = "(a key named 'demo' exists from an earlier run: llmgw ctl keys create NAME -q makes another)"
     if not ApiKey.objects.filter(name="demo").exists():
         key = key_create(name="demo").key
     curl = "  " + snippets.curl(base_url=web, model="qwen-7b-sim").replace("\n", "\n  ")
-    openai = "  python - <<'PY'\n" + "".join(
+    python = str(Path(llmgw).with_name("python")) if llmgw != "llmgw" else "python"
+    openai = f"  {python} - <<'PY'\n" + "".join(
         "  " + line + "\n" for line in snippets.openai_python(base_url=web, model="qwen-7b-sim").splitlines()
     ) + "  PY"
     print("\n".join(lines))
@@ -110,35 +122,65 @@ each a real agent on its own loopback address with its own certificate.
   catalog     {catalog}
 
 Watch it (in another shell):
-  export LLMGW_DATA_DIR={data} LLMGW_URL={web}
+  export LLMGW_DATA_DIR={data_env} LLMGW_URL={web}
   {llmgw} ctl nodes
   {llmgw} ctl replicas
   {llmgw} ctl events
 
-Try a failure: kill node02 (its agent and its engines), then watch its replica fail and come back on ib-b:
+Try a failure: kill node02 (its agent and its engines):
   {llmgw} demo kill node02 --data-dir {data}
+After {settings.LLMGW_NODE_GRACE:.0f} s without a heartbeat (LLMGW_NODE_GRACE) node02 is lost: its llama-70b-sim replica
+fails and comes back on ib-b, once the 1-GPU qwen-7b-sim replica in its way on node03 has moved to node01
+(replacement first: no request fails). {llmgw} ctl events tells each step.
 
-Try a drain:
+Bring node02 back (it registers again, empty):
+  {llmgw} demo revive node02 --data-dir {data}
+
+Then try a drain: node03's replicas move to ib-a, one at a time, each replacement ready before its original stops:
   {llmgw} ctl drain node03 --wait
 
 Send a request through the gateway, with the API key made for this demo (shown once):
   export LLMGW_KEY={key}
 {curl}
 
-or with the openai package:
+or with the openai package (in llmgw's environment; elsewhere: pip install openai):
 {openai}
 Ctrl-C stops everything.
 """, flush=True)
 
 
-def kill_node(*, name: str, host: str = "127.0.0.1", agent_port: int = 7443) -> int:
+def _sim_node(name: str, *, host: str, agent_port: int) -> SimCluster | None:
     cluster = _cluster(host=host, agent_port=agent_port)
     node_dir = cluster.base / "nodes" / name
     if not (node_dir / "agent.yaml").exists():
-        print(f"llmgw: no simulated node {name} under {cluster.base}", file=sys.stderr)
+        known = sorted(p.name for p in (cluster.base / "nodes").glob("*") if (p / "agent.yaml").exists())
+        print(f"llmgw: no simulated node {name} under {cluster.base}"
+              + (f" (there are: {', '.join(known)})" if known else " (is the demo's data dir right?)"), file=sys.stderr)
+        return None
+    cluster.nodes[name] = SimNode(name, "", dir=node_dir)
+    return cluster
+
+
+def kill_node(*, name: str, host: str = "127.0.0.1", agent_port: int = 7443) -> int:
+    cluster = _sim_node(name, host=host, agent_port=agent_port)
+    if cluster is None:
         return 1
-    node = SimNode(name, "", dir=node_dir)
-    cluster.nodes[name] = node
     killed = cluster.kill_node(name)
     print(f"killed {name}: processes {', '.join(map(str, killed)) or 'none were running'}")
+    return 0
+
+
+def revive_node(*, name: str, host: str = "127.0.0.1", agent_port: int = 7443) -> int:
+    """Start a killed node's agent again, on its own configuration; the demo
+    stops it with the others."""
+    cluster = _sim_node(name, host=host, agent_port=agent_port)
+    if cluster is None:
+        return 1
+    running = cluster.agent_pid(name)
+    if running is not None:
+        print(f"{name} is running already (agent pid {running})")
+        return 0
+    proc = cluster.start_agent(name)
+    print(f"revived {name}: agent pid {proc.pid}; it registers again and comes back empty "
+          f"(llmgw ctl nodes; its log: {cluster.nodes[name].dir / 'agent.log'})")
     return 0

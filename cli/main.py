@@ -13,12 +13,15 @@ imported once Django is set up, and the agent without Django (``cli/env.py``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from agent.cli import main as agent_main
 
 from .ctl import add_ctl_parser, run_ctl
 from .env import demo_data_dir, setup_django
+
+DEMO_GRACE = "15"  # seconds without a heartbeat before a simulated node is lost
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     kill = demo_sub.add_parser("kill", help="kill a simulated node: its agent and its engines")
     kill.add_argument("node")
     kill.add_argument("--data-dir", default=None)
+    revive = demo_sub.add_parser("revive", help="start a killed simulated node again (it comes back empty)")
+    revive.add_argument("node")
+    revive.add_argument("--data-dir", default=None)
     demo.set_defaults(func=_cmd_demo)
 
     add_ctl_parser(sub)
@@ -72,9 +78,14 @@ def _cmd_up(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    # A short grace, so that the demo's failure story takes seconds (an
+    # explicit LLMGW_NODE_GRACE wins); its children inherit it.
+    os.environ.setdefault("LLMGW_NODE_GRACE", DEMO_GRACE)
     setup_django(args.data_dir or demo_data_dir())
     from . import demo
 
     if args.demo_command == "kill":
         return demo.kill_node(name=args.node, host=args.host, agent_port=args.agent_port)
+    if args.demo_command == "revive":
+        return demo.revive_node(name=args.node, host=args.host, agent_port=args.agent_port)
     return demo.run_demo(host=args.host, web_port=args.web_port, agent_port=args.agent_port)

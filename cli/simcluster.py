@@ -101,6 +101,21 @@ class SimCluster:
                 pids.append(int(entry.name))
         return pids
 
+    def agent_pid(self, name: str) -> int | None:
+        """The node's running agent, from its pid file (it may have been
+        started by another command, ``llmgw demo revive``), or None."""
+        node = self.nodes[name]
+        try:
+            pid = int((node.dir / "agent.pid").read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as handle:
+                zombie = handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, ValueError):
+            return None
+        # A recycled pid is not our agent: it must be running this node's config.
+        return None if zombie or str(node.dir / "agent.yaml").encode() not in argv else pid
+
     def kill_node(self, name: str) -> list[int]:
         """The machine dies: its agent and every engine it ran."""
         node = self.nodes[name]
@@ -109,8 +124,8 @@ class SimCluster:
             signal_group(node.proc.pid, signal.SIGKILL)
             node.proc.wait()
             killed.append(node.proc.pid)
-        elif node.proc is None and (node.dir / "agent.pid").exists():
-            pid = int((node.dir / "agent.pid").read_text())
+        pid = self.agent_pid(name)
+        if pid is not None and pid not in killed:
             signal_group(pid, signal.SIGKILL)
             killed.append(pid)
         for pid in self.engine_pids(name):
@@ -125,6 +140,9 @@ class SimCluster:
         os.kill(self.nodes[name].proc.pid, signal.SIGCONT)
 
     def stop(self) -> None:
+        """The control plane first, so that it does not fail replicas over
+        while the nodes shut down; then the nodes."""
+        self.processes.stop_all()
         for name in list(self.nodes):
             node = self.nodes[name]
             if node.proc is not None and node.proc.poll() is None:
@@ -133,4 +151,3 @@ class SimCluster:
                 except OSError:
                     pass
             self.kill_node(name)
-        self.processes.stop_all()

@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
+from nodes.admin import SystemOwnedAdmin
 from replicas.models import CatalogEntry
 
 from .models import ApiKey, GatewayProcess
@@ -70,7 +71,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # revoke instead: the row keeps the key's usage
 
-    @admin.action(description="Revoke the selected keys")
+    @admin.action(description="Revoke the selected keys", permissions=["change"])
     def revoke(self, request, queryset):
         for key in queryset:
             key_revoke(name=key.name)
@@ -78,9 +79,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(GatewayProcess)
-class GatewayProcessAdmin(admin.ModelAdmin):
+class GatewayProcessAdmin(SystemOwnedAdmin):
     list_display = ("name", "seen_at", "routes", "inflight")
-    readonly_fields = ["name", "seen_at", "routes", "inflight"]
-
-    def has_add_permission(self, request):
-        return False

@@ -69,7 +69,7 @@ class GatewayHandler(ASGIHandler):
         # a scraper without the metrics token) is answered before a byte of
         # its body is read, and the server reads no more of it than its own
         # small buffer (the connection closes).
-        refused = views.precheck(gw, request, view)
+        refused = await views.precheck(gw, request, view)
         if refused is not None:
             await self._send(_closing(refused), send)
             return

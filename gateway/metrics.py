@@ -123,15 +123,17 @@ class ClusterCollector:
             if age is not None:
                 ages.add_metric((node,), round(age, 3))
         yield ages
-        gpus = GaugeMetricFamily("llmgw_gpus", "GPUs by node, allocated to replicas or free.", labels=("node", "state"))
-        for node, (allocated, free) in sorted(cluster["gpus"].items()):
+        gpus = GaugeMetricFamily("llmgw_gpus", "GPUs by node: allocated to replicas, free, or unavailable "
+                                 "(on a lost node).", labels=("node", "state"))
+        for node, (allocated, free, unavailable) in sorted(cluster["gpus"].items()):
             gpus.add_metric((node, "allocated"), allocated)
             gpus.add_metric((node, "free"), free)
+            gpus.add_metric((node, "unavailable"), unavailable)
         yield gpus
         yield GaugeMetricFamily("llmgw_gpus_allocated", "GPUs allocated to replicas, cluster-wide.",
-                                value=sum(a for a, _ in cluster["gpus"].values()))
-        yield GaugeMetricFamily("llmgw_gpus_free", "GPUs not allocated, cluster-wide.",
-                                value=sum(f for _, f in cluster["gpus"].values()))
+                                value=sum(a for a, _, _ in cluster["gpus"].values()))
+        yield GaugeMetricFamily("llmgw_gpus_free", "GPUs not allocated, on nodes that are not lost, cluster-wide.",
+                                value=sum(f for _, f, _ in cluster["gpus"].values()))
 
 
 def _forget_dead_gauges() -> None:

@@ -52,6 +52,7 @@ class GatewayProcess(models.Model):
 
     class Meta:
         ordering = ["name"]
+        verbose_name_plural = "gateway processes"
 
     def __str__(self) -> str:
         return self.name

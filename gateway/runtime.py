@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
@@ -29,6 +30,7 @@ from . import selectors, services
 from .metrics import GatewayMetrics
 from .bodycheck import Checker
 from .routing import Key, RoutingTable
+from .services import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,15 @@ USAGE_FLUSH_EVERY = 2.0
 # How often a process deletes the records of processes long gone.
 PRUNE_EVERY = 30.0
 CLUSTER_GAUGES_MAX_AGE = 1.0
+# A key the table does not know is looked up once in the database (a key made
+# since the last reload works on its first request). A wrong one is then
+# remembered for a while, in a bounded cache, and the lookups themselves are
+# rate-limited, so that a flood of wrong keys, the same or all different,
+# cannot hammer the database: past the limit an unknown key is refused as
+# before, and works once the next reload (0.2 s) brings it.
+UNKNOWN_KEY_TTL = 10.0
+UNKNOWN_KEYS_MAX = 10_000
+KEY_LOOKUPS_PER_SECOND = 20.0
 
 
 class Gateway:
@@ -64,6 +75,9 @@ class Gateway:
         self._pruned_at = 0.0
         self._cluster: tuple[float, dict | None] = (0.0, None)
         self._last_sync_error = 0.0
+        self._unknown_keys: OrderedDict[str, float] = OrderedDict()  # secret hash -> remembered until
+        self._key_lookups: dict[str, asyncio.Future] = {}
+        self._lookup_tokens, self._lookup_at = KEY_LOOKUPS_PER_SECOND, time.monotonic()
 
     # --- life ---------------------------------------------------------------------------
 
@@ -146,6 +160,51 @@ class Gateway:
         if not token:
             return None
         return self.table.keys.get(hashlib.sha256(token.encode()).hexdigest())
+
+    async def authenticate_or_look_up(self, authorization: str | None) -> Key | None:
+        """``authenticate``, and for a well-formed key the table does not know, one
+        lookup in the database (shared by concurrent requests with that key)."""
+        key = self.authenticate(authorization)
+        if key is not None or not authorization or not authorization.startswith(f"Bearer {KEY_PREFIX}"):
+            return key
+        token = authorization[7:].strip()
+        if len(token) > 200:
+            return None
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        if self._unknown_keys.get(digest, 0.0) > now:
+            return None
+        pending = self._key_lookups.get(digest)
+        if pending is None:
+            self._lookup_tokens = min(KEY_LOOKUPS_PER_SECOND,
+                                      self._lookup_tokens + (now - self._lookup_at) * KEY_LOOKUPS_PER_SECOND)
+            self._lookup_at = now
+            if self._lookup_tokens < 1:
+                return None
+            self._lookup_tokens -= 1
+            loop = asyncio.get_running_loop()
+            pending = loop.run_in_executor(self._db, lambda: selectors.key_by_secret_hash(secret_hash=digest))
+            self._key_lookups[digest] = pending
+            try:
+                row = await pending
+            except Exception as exc:  # the database is away: refused, as without the lookup
+                logger.warning("gateway key lookup failed: %s", exc)
+                return None
+            finally:
+                self._key_lookups.pop(digest, None)
+            if row is None:
+                self._unknown_keys[digest] = time.monotonic() + UNKNOWN_KEY_TTL
+                self._unknown_keys.move_to_end(digest)
+                while len(self._unknown_keys) > UNKNOWN_KEYS_MAX:
+                    self._unknown_keys.popitem(last=False)
+                return None
+            self.table.keys[digest] = Key(row.id, row.name, row.allowed_models)
+        else:
+            try:
+                await asyncio.shield(pending)
+            except Exception:
+                return None
+        return self.table.keys.get(digest)
 
     def count(self, key: Key | None, prompt: int = 0, completion: int = 0, request: int = 1) -> None:
         if key is None:

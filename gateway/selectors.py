@@ -86,6 +86,16 @@ def routing_snapshot() -> RoutingSnapshot:
     return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys)
 
 
+def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:
+    """A live key by the hash of its secret (a key made since the routing table was loaded)."""
+    row = (ApiKey.objects.filter(secret_hash=secret_hash, revoked_at__isnull=True)
+           .values_list("id", "name", "allowed_models").first())
+    if row is None:
+        return None
+    pk, name, allowed = row
+    return KeyRow(id=pk, name=name, secret_hash=secret_hash, allowed_models=frozenset(allowed) if allowed else None)
+
+
 def replica_inflight(replica_id: int) -> int:
     """Requests in flight on a replica, summed over every live gateway process.
 
@@ -113,6 +123,11 @@ def key_get(*, name: str) -> ApiKey | None:
     return ApiKey.objects.filter(name=name).first()
 
 
+def _gpu_states(status: str, allocated: int, total: int) -> tuple[int, int, int]:
+    unallocated = total - allocated
+    return (allocated, 0, unallocated) if status == NodeStatus.LOST else (allocated, unallocated, 0)
+
+
 def cluster_gauges() -> dict[str, Any]:
     """Replicas by model and status, nodes by status, heartbeat ages, GPUs."""
     replicas = {(m, s): n for m, s, n in
@@ -130,5 +145,6 @@ def cluster_gauges() -> dict[str, Any]:
         "replicas": replicas,
         "nodes": node_states,
         "node_heartbeat_age": {n.name: age_seconds(seen.get(n.name)) for n in nodes},
-        "gpus": {n.name: (allocated.get(n.name, 0), gpus.get(n.name, 0) - allocated.get(n.name, 0)) for n in nodes},
+        # (allocated, free, unavailable): a lost node's GPUs are not free, whatever it held.
+        "gpus": {n.name: _gpu_states(n.status, allocated.get(n.name, 0), gpus.get(n.name, 0)) for n in nodes},
     }

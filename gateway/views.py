@@ -28,8 +28,8 @@ def _refuse(gw: Gateway, endpoint: str, model: str, status: int, message: str, k
     return openai_error(status, message, kind, **kwargs)
 
 
-def _key(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
-    key = gw.authenticate(request.META.get("HTTP_AUTHORIZATION"))
+async def _key(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
+    key = await gw.authenticate_or_look_up(request.META.get("HTTP_AUTHORIZATION"))
     if key is None and not gw.open:
         given = "HTTP_AUTHORIZATION" in request.META
         message = ("Incorrect API key provided." if given else
@@ -38,20 +38,20 @@ def _key(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, 
     return key, None
 
 
-def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
-    key, refused = _key(gw, request, endpoint)
+async def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
+    key, refused = await _key(gw, request, endpoint)
     if refused is None:
         gw.count(key)
     return key, refused
 
 
-def precheck(gw: Gateway, request: HttpRequest, view) -> HttpResponse | None:
+async def precheck(gw: Gateway, request: HttpRequest, view) -> HttpResponse | None:
     """The refusal of a request from its headers alone (wrong method, no
     valid key, no metrics token), before its body is read; None to go on."""
     if view is metrics:
         return _metrics_refusal(request)
     endpoint, allowed = ENDPOINTS[view]
-    return _method(gw, request, endpoint, allowed) or _key(gw, request, endpoint)[1]
+    return _method(gw, request, endpoint, allowed) or (await _key(gw, request, endpoint))[1]
 
 
 def _method(gw: Gateway, request: HttpRequest, endpoint: str, allowed: str) -> HttpResponse | None:
@@ -75,7 +75,7 @@ async def models(request: HttpRequest) -> HttpResponse:
     refused = _method(gw, request, "models", "GET")
     if refused:
         return refused
-    key, refused = _authenticate(gw, request, "models")
+    key, refused = await _authenticate(gw, request, "models")
     if refused:
         return refused
     data = [_model_object(gw, name) for name in gw.table.ready_models() if key is None or key.allows(name)]
@@ -88,7 +88,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     refused = _method(gw, request, "models", "GET")
     if refused:
         return refused
-    key, refused = _authenticate(gw, request, "models")
+    key, refused = await _authenticate(gw, request, "models")
     if refused:
         return refused
     if model not in gw.table.by_model or (key is not None and not key.allows(model)):
@@ -122,7 +122,7 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
     refused = _method(gw, request, endpoint, "POST")
     if refused:
         return refused
-    key, refused = _authenticate(gw, request, endpoint)
+    key, refused = await _authenticate(gw, request, endpoint)
     if refused:
         return refused
     try:

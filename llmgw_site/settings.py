@@ -219,6 +219,10 @@ LLMGW_STOP_GRACE = env.float("LLMGW_STOP_GRACE", default=60.0)
 # How long the gateways take to see a routing change.
 LLMGW_ROUTING_SETTLE = env.float("LLMGW_ROUTING_SETTLE", default=1.5)
 # Ports given to engines on each node (HTTP and rendezvous of each leader).
+# Move smaller replicas to make room for a pending one (replicas/moves.py),
+# at most this many at once; LLMGW_DEFRAG=0 keeps every placement where it is.
+LLMGW_DEFRAG = env.bool("LLMGW_DEFRAG", default=True)
+LLMGW_DEFRAG_MAX_MOVES = env.int("LLMGW_DEFRAG_MAX_MOVES", default=2)
 LLMGW_PORT_MIN = env.int("LLMGW_PORT_MIN", default=20000)
 LLMGW_PORT_MAX = env.int("LLMGW_PORT_MAX", default=29999)
 # A gap this long in the control plane's own hearing (agent API or sweep not

@@ -5,15 +5,32 @@ from .models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
 from .services import node_cordon, node_uncordon
 
 
+class SystemOwnedAdmin(admin.ModelAdmin):
+    """Rows the control plane owns (what agents report, what the scheduler
+    allocates, what happened): to look at, never to add, edit or delete by
+    hand. Every field shows read-only."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
+    can_delete = False
     readonly_fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id"]
 
 
 class HcaInline(admin.TabularInline):
     model = Hca
     extra = 0
+    can_delete = False
     readonly_fields = ["name", "fabric", "port", "state", "phys_state", "link_layer", "rate", "guid", "gid"]
 
 
@@ -23,16 +40,21 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ("status", "fabrics")
     search_fields = ("name", "mgmt_addr")
     # Status changes go through the services (cordon/uncordon actions, the sweep).
-    readonly_fields = ["status", "status_changed_at", "status_reason", "inventory_hash", "desired_version",
-                       "last_heartbeat_at", "engines", "discovery_errors", "registered_at"]
+    # Everything about a node is what its certificate and its agent say (its
+    # name, fabrics, addresses, inventory) or what the services decide (its
+    # status): the admin shows it, and changes it only through the actions.
+    readonly_fields = [f.name for f in Node._meta.get_fields() if f.concrete and not f.auto_created]
     inlines = [GpuInline, HcaInline]
     actions = ["cordon", "uncordon"]
 
-    @admin.action(description="Cordon the selected nodes")
+    def has_add_permission(self, request):
+        return False  # a node registers itself with its first heartbeat
+
+    @admin.action(description="Cordon the selected nodes", permissions=["change"])
     def cordon(self, request, queryset):
         self._each(request, queryset, node_cordon, "cordoned")
 
-    @admin.action(description="Uncordon the selected nodes")
+    @admin.action(description="Uncordon the selected nodes", permissions=["change"])
     def uncordon(self, request, queryset):
         self._each(request, queryset, node_uncordon, "uncordoned")
 
@@ -51,29 +73,29 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Fabric)
-class FabricAdmin(admin.ModelAdmin):
+class FabricAdmin(SystemOwnedAdmin):
     list_display = ("name", "created_at")
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
+class GpuAdmin(SystemOwnedAdmin):
     list_display = ("node", "index", "name", "memory_mib", "uuid")
     list_filter = ("name",)
 
 
 @admin.register(Hca)
-class HcaAdmin(admin.ModelAdmin):
+class HcaAdmin(SystemOwnedAdmin):
     list_display = ("node", "name", "fabric", "state", "link_layer", "rate")
     list_filter = ("fabric",)
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(SystemOwnedAdmin):
     list_display = ("created_at", "severity", "kind", "subject", "message")
     list_filter = ("severity", "kind")
     search_fields = ("subject", "message")
 
 
 @admin.register(ControlPlaneClock)
-class ControlPlaneClockAdmin(admin.ModelAdmin):
+class ControlPlaneClockAdmin(SystemOwnedAdmin):
     list_display = ("heard_since", "last_sweep_at", "deaf_since", "listener_alive_at")

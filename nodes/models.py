@@ -60,6 +60,8 @@ class Gpu(models.Model):
 
     class Meta:
         ordering = ["node", "index"]
+        verbose_name = "GPU"
+        verbose_name_plural = "GPUs"
         constraints = [
             models.UniqueConstraint(fields=["node", "index"], name="%(app_label)s_%(class)s_unique_index"),
         ]
@@ -83,6 +85,7 @@ class Hca(models.Model):
     class Meta:
         ordering = ["node", "name"]
         verbose_name = "HCA"
+        verbose_name_plural = "HCAs"
         constraints = [
             models.UniqueConstraint(fields=["node", "name"], name="%(app_label)s_%(class)s_unique_name"),
         ]

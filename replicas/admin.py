@@ -1,7 +1,12 @@
 from django import forms
 from django.contrib import admin, messages
 
+from nodes.admin import SystemOwnedAdmin
+from nodes.choices import NodeStatus
+from nodes.exceptions import InvalidTransition, NotFound
+
 from .catalog import CatalogInvalid, catalog_upsert, model_remove
+from .drain import drain_start
 from .models import CatalogEntry, Drain, GpuAllocation, Member, PortAllocation, Replica
 from .validation import ENTRY_FIELDS
 
@@ -49,18 +54,63 @@ class ReplicaAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # a replica stops by scaling its model (the catalog), never by deleting its row
+
+
+class DrainAddForm(forms.ModelForm):
+    class Meta:
+        model = Drain
+        fields = ["node"]
+
+    def clean_node(self):
+        node = self.cleaned_data["node"]
+        if node.status not in (NodeStatus.READY, NodeStatus.CORDONED, NodeStatus.DRAINING):
+            raise forms.ValidationError(f"node {node.name} is {node.status}; only a ready or cordoned node can be drained")
+        return node
+
 
 @admin.register(Drain)
 class DrainAdmin(admin.ModelAdmin):
+    """A drain is started through the service, as 'llmgw ctl drain' does; it is then the system's."""
+
     list_display = ("node", "status", "moved", "remaining", "started_at", "finished_at")
     readonly_fields = ["node", "status", "current", "moved", "remaining", "log", "started_at", "finished_at"]
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = DrainAddForm
+            kwargs["fields"] = ["node"]
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        return ["node"] if obj is None else self.readonly_fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else self.readonly_fields
+
+    def has_add_permission(self, request):
+        return request.user.has_perm("nodes.change_node")
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return
+        try:
+            drain = drain_start(node_name=obj.node.name)
+        except (InvalidTransition, NotFound) as exc:
+            messages.error(request, f"not started: {exc}")
+            return
+        obj.pk = drain.pk
+
 
 @admin.register(GpuAllocation)
-class GpuAllocationAdmin(admin.ModelAdmin):
+class GpuAllocationAdmin(SystemOwnedAdmin):
     list_display = ("gpu", "node", "member")
 
 
 @admin.register(PortAllocation)
-class PortAllocationAdmin(admin.ModelAdmin):
+class PortAllocationAdmin(SystemOwnedAdmin):
     list_display = ("node", "port", "purpose", "member")

@@ -20,6 +20,7 @@ from nodes.services import node_transition
 from nodes.statemachine import StateMachine
 
 from .choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, PLACED, DrainOutcome, DrainStatus, ReplicaStatus
+from .defrag import MAKING_ROOM
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidDrainTransition
 from .models import Drain, Member, Replica
@@ -232,7 +233,9 @@ def drain_step(*, drain_id: int) -> None:
                 _log(drain, f"{model.name} replica {replica.pk}: replacement ready, stopping the original")
                 drain.moved += 1
                 continue
-            stuck = Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="").first()
+            # A replacement that waits while room is being made for it is not stuck.
+            stuck = (Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="")
+                     .exclude(pending_reason__contains=MAKING_ROOM).first())
             if stuck is not None:
                 waiting += 1
                 _outcome(drain, replica, DrainOutcome.WAITING, stuck.pending_reason)

@@ -213,6 +213,11 @@ class ClusterSnapshot:
             self._set_free(member.node, tuple(sorted(set(node.free_gpus) | set(member.gpus))))
         self._count(placement.model, placement.fabric, placement.nodes, -1)
 
+    def withhold(self, name: str) -> None:
+        """Nothing new may take this node's GPUs (they are being cleared for
+        another replica): it leaves its buckets, as a full node would."""
+        self._set_free(name, ())
+
     def _set_free(self, name: str, free: tuple[int, ...]) -> None:
         node = self.nodes[name]
         before, after = len(node.free_gpus), len(free)
@@ -397,9 +402,12 @@ def _reason_now(request: PlacementRequest, snapshot: ClusterSnapshot) -> str:
             empty.append(fabric)
             continue
         names.sort()
-        named = f" ({', '.join(names)})" if len(names) <= NAMED else ""
+        # The free count of each named node, not only the need it meets: "4+
+        # free (node01: 7)" rather than a "4 free" that reads as exact.
+        nodes = snapshot.nodes
+        named = f" ({', '.join(f'{n}: {len(nodes[n].free_gpus)}' for n in names)})" if len(names) <= NAMED else ""
         verb = "node has" if len(names) == 1 else "nodes have"
-        parts.append(f"{fabric}: {len(names)} {verb} {need} free{named}")
+        parts.append(f"{fabric}: {len(names)} {verb} {need}+ free{named}")
     if empty:
         parts.append(f"{', '.join(empty)}: none")
     islands = snapshot._groups.get(ISLAND)

@@ -17,7 +17,7 @@ from nodes.choices import LIVE, EventKind
 from nodes.events import event_record
 from nodes.services import nodes_desired_changed
 
-from . import drain
+from . import drain, moves
 from .catalog import model_refresh_fit
 from .choices import PLACED, MemberState, ReplicaStatus
 from .models import CatalogEntry, Member, Replica
@@ -41,6 +41,7 @@ def replicas_reconcile() -> None:
     for model_id in list(CatalogEntry.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
+    moves.moves_step()
     replicas_quiesce()
     members_nudge()
     snapshot = cluster_snapshot()

@@ -20,7 +20,7 @@ from nodes.events import event_record
 from nodes.models import Fabric, Gpu, Node
 from nodes.services import nodes_desired_changed
 
-from . import placement
+from . import defrag, placement
 from .choices import PLACED, MemberState, ReplicaStatus
 from .engines import member_ports
 from .launch import member_launch
@@ -193,8 +193,12 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
 
 
 def _record_pending(replica: Replica, reason: str, never: bool) -> None:
-    if replica.pending_reason == reason:
-        return
+    current = replica.pending_reason
+    if current == reason or current.startswith(reason + "; "):
+        return  # unchanged (a note the defragmentation added after "; " stays)
+    if defrag.MAKING_ROOM in current and not never:
+        # Moves for it are in flight (replicas.moves): keep saying so.
+        reason += current[current.index(defrag.MAKING_ROOM):]
     Replica.objects.filter(pk=replica.pk, status=ReplicaStatus.PENDING).update(pending_reason=reason)
     event_record(
         kind=EventKind.REPLICA_PENDING,

@@ -89,6 +89,9 @@ class ReplicaStates(StateMachine):
             # Its members leave their nodes' desired state: the agents stop them.
             nodes_desired_changed(node_names=list(replica.members.values_list("node__name", flat=True)))
             reconcile_after_commit()
+        if to == ReplicaStatus.STOPPED and previous != ReplicaStatus.PENDING:
+            # Its GPUs are free: a pending replica may fit now, and its reason changes.
+            reconcile_after_commit()
         if to == ReplicaStatus.STOPPING:
             # Routing stops now; the members stop once in-flight requests are done.
             reconcile_after_commit(countdown=settings.LLMGW_ROUTING_SETTLE)

@@ -38,8 +38,8 @@ def api_call(method: str, path: str, **kwargs):
     except ValueError:
         data = None
     if response.status_code >= 400:
-        detail = data.get("detail") if isinstance(data, dict) else None
-        detail = detail or (data if data is not None else response.text.strip()[:500]) or response.reason_phrase
+        detail = error_sentence(data) if data is not None else response.text.strip()[:500]
+        detail = detail or response.reason_phrase
         hint = ""
         if response.status_code in (401, 403):
             hint = " (check LLMGW_TOKEN: it must be an operator token of a user whose role allows this)"
@@ -57,6 +57,26 @@ def api_call(method: str, path: str, **kwargs):
             "is LLMGW_URL the llmgw web address?"
         )
     return data
+
+
+def error_sentence(data) -> str:
+    """An API error body as a person reads it: ``replicas: must be 0 or more``,
+    never a Python dict. Field errors are named by their field (nested ones by
+    their path); a message for the whole request stands alone."""
+    if isinstance(data, str):
+        return data
+    if isinstance(data, list):
+        return "; ".join(filter(None, (error_sentence(item) for item in data)))
+    if isinstance(data, dict):
+        parts = []
+        for key, value in data.items():
+            text = error_sentence(value)
+            if not text:
+                continue
+            whole = key in ("detail", "non_field_errors", "__all__")
+            parts.append(text if whole else f"{key}: {text}")
+        return "; ".join(parts)
+    return json.dumps(data)
 
 
 # --- output -------------------------------------------------------------------

@@ -51,7 +51,9 @@ class ModelSerializer(serializers.ModelSerializer):
 
 
 class ScaleSerializer(serializers.Serializer):
-    replicas = serializers.IntegerField(min_value=0, max_value=10000)
+    replicas = serializers.IntegerField(min_value=0, max_value=10000, error_messages={
+        "min_value": "must be {min_value} or more", "max_value": "must be {max_value} or less",
+        "invalid": "must be a whole number"})
 
 
 class CatalogApplySerializer(serializers.Serializer):

@@ -24,14 +24,15 @@ MODEL = "small"
 class Traffic:
     """Requests one after another from a few threads, each recorded; bounded in time."""
 
-    def __init__(self, url: str, *, threads: int = 4, stream: bool = True, limit: float = 120) -> None:
-        self.url, self.stream, self.limit = url, stream, limit
+    def __init__(self, url: str, *, threads: int = 4, stream: bool = True, limit: float = 120,
+                 model: str = MODEL) -> None:
+        self.url, self.stream, self.limit, self.model = url, stream, limit, model
         self.results: list[tuple[float, bool, str]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
     def _one(self, client: httpx.Client) -> tuple[bool, str]:
-        body = {"model": MODEL, "stream": self.stream, "max_tokens": 8,
+        body = {"model": self.model, "stream": self.stream, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "hello there"}]}
         try:
             with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as response:

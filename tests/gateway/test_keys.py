@@ -135,3 +135,55 @@ def test_usage_is_written_when_the_process_stops(make_replica, fake_engine, api_
         assert gateway_processes() == []  # it took its record with it
     finally:
         web.stop()
+
+
+def test_a_key_works_on_its_first_request_after_keys_create(gateway_web, make_replica, fake_engine, admin_token):
+    """The gateway's table reloads only every 30 s here: the new key is looked up once in the database."""
+    engine = fake_engine("m")
+    make_replica("m", engine.port)
+    web = gateway_web(LLMGW_GATEWAY_SYNC_INTERVAL="30")
+    with httpx.Client(base_url=web.url, timeout=10) as client:
+        assert client.get("/v1/models").status_code == 401  # the gateway is up, its table loaded
+        created = _ctl(web, admin_token, "create", "fresh", "-q")
+        assert created.returncode == 0, created.stderr
+        headers = {"Authorization": f"Bearer {created.stdout.strip()}"}
+        assert client.post("/v1/chat/completions", json=_chat("m"), headers=headers).status_code == 200
+        wrong = {"Authorization": "Bearer sk-llmgw-" + "x" * 40}
+        assert client.post("/v1/chat/completions", json=_chat("m"), headers=wrong).status_code == 401
+
+
+def test_unknown_keys_are_looked_up_once_and_a_flood_is_bounded(transactional_db, monkeypatch):
+    import asyncio
+
+    from gateway import runtime, selectors
+    from gateway.services import key_create
+
+    calls = []
+    real = selectors.key_by_secret_hash
+    monkeypatch.setattr(selectors, "key_by_secret_hash", lambda **kw: calls.append(kw) or real(**kw))
+    gw = runtime.Gateway()
+
+    async def scenario():
+        wrong = "Bearer sk-llmgw-" + "x" * 40
+        assert await asyncio.gather(*[gw.authenticate_or_look_up(wrong) for _ in range(50)]) == [None] * 50
+        assert await gw.authenticate_or_look_up(wrong) is None
+        assert len(calls) == 1  # one lookup, shared, then remembered
+        for i in range(300):  # all different: the lookups are rate-limited
+            assert await gw.authenticate_or_look_up(f"Bearer sk-llmgw-{i:040d}") is None
+        assert len(calls) <= 1 + runtime.KEY_LOOKUPS_PER_SECOND + 5
+        assert await gw.authenticate_or_look_up("Bearer not-a-key") is None  # not even looked up
+        flooded = len(calls)
+        await asyncio.sleep(1.0)  # the limit refills
+        made = await asyncio.get_running_loop().run_in_executor(gw._db, lambda: key_create(name="late").key)
+        key = await gw.authenticate_or_look_up(f"Bearer {made}")
+        assert key is not None and key.name == "late" and len(calls) == flooded + 1
+        assert await gw.authenticate_or_look_up(f"Bearer {made}") == key and len(calls) == flooded + 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        from django.db import connections
+
+        gw._db.submit(lambda: connections.close_all()).result()  # the gateway thread's own connection
+        gw._db.shutdown()
+    assert 0 < len(gw._unknown_keys) <= runtime.UNKNOWN_KEYS_MAX

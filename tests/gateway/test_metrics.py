@@ -23,6 +23,9 @@ def test_metrics(gateway_web, make_replica, fake_engine, gw_node):
     gpus = [GpuFactory(node=gw_node, index=i, uuid=f"GPU-metrics-{i}") for i in range(4)]
     GpuAllocation.objects.create(gpu=gpus[0], member=replica.members.get(), node=gw_node)
     NodeFactory(name="gw-cordoned", status="cordoned")
+    lost = NodeFactory(name="gw-lost", status="lost")
+    for i in range(2):
+        GpuFactory(node=lost, index=i, uuid=f"GPU-metrics-lost-{i}")
     web = gateway_web(LLMGW_GATEWAY_OPEN="1")
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with httpx.Client(base_url=web.url, timeout=10) as client:
@@ -53,6 +56,9 @@ def test_metrics(gateway_web, make_replica, fake_engine, gw_node):
     assert sample(samples, "llmgw_gpus", node="gw-node", state="allocated") == 1
     assert sample(samples, "llmgw_gpus", node="gw-node", state="free") == 3
     assert sample(samples, "llmgw_gpus_allocated") == 1 and sample(samples, "llmgw_gpus_free") == 3
+    # A lost node's GPUs are not free: nothing can be placed on them.
+    assert sample(samples, "llmgw_gpus", node="gw-lost", state="free") == 0
+    assert sample(samples, "llmgw_gpus", node="gw-lost", state="unavailable") == 2
     # Every family is declared once, and every sample belongs to a declared family.
     families = re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)
     assert len(families) == len({name for name, _ in families})

@@ -40,3 +40,21 @@ def test_openai_snippet(demo):
 
 def test_key_command_prints_the_key_alone():
     assert snippets.key_command("demo") == "export LLMGW_KEY=$(llmgw ctl keys create demo -q)"
+
+
+def test_the_openai_snippet_needs_only_what_the_runtime_installs():
+    """The demo runs from the runtime-only .venv of 'make demo': every package
+    the printed snippet imports is in requirements.txt, not only in the
+    development requirements."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(snippets.openai_python(base_url="http://127.0.0.1:8000", model="m"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    third_party = imported - set(sys.stdlib_module_names)
+    runtime = (Path(__file__).resolve().parents[2] / "requirements.txt").read_text()
+    declared = {line.split("==")[0].split("[")[0].strip().lower() for line in runtime.splitlines()
+                if line.strip() and not line.startswith("#")}
+    assert third_party == {"openai"} and third_party <= declared

@@ -65,6 +65,10 @@ def test_apply_scale_replicas_drain(ctl, tmp_path, monkeypatch):
     table = ctl("replicas").stdout
     assert "llama-70b" in table and "node01[0,1,2,3]" in table
 
+    refused = ctl("scale", "llama-70b", "-1")
+    # A sentence, never a Python dict; nothing changed.
+    assert refused.returncode == 1 and refused.stderr.strip() == "llmgw: 400: replicas: must be 0 or more"
+    assert json.loads(ctl("models", "-o", "json").stdout)[0]["replicas"] == 1
     scaled = ctl("scale", "llama-70b", "3")
     assert scaled.returncode == 0 and "scaled to 3" in scaled.stdout
     reconcile.replicas_reconcile()
@@ -111,3 +115,13 @@ def test_apply_refuses_a_malformed_catalog_and_names_the_field(ctl, tmp_path):
     path.write_text("models: [unclosed")
     result = ctl("apply", "-f", str(path))
     assert result.returncode == 1 and "not valid YAML" in result.stderr
+
+
+def test_api_errors_read_as_sentences():
+    from cli.ctl.common import error_sentence
+
+    assert error_sentence({"replicas": ["must be 0 or more"]}) == "replicas: must be 0 or more"
+    assert error_sentence({"detail": "no model named 'x'"}) == "no model named 'x'"
+    assert error_sentence({"non_field_errors": ["a", "b"], "nodes": ["must be at least 1"]}) == (
+        "a; b; nodes: must be at least 1")
+    assert error_sentence({"env": {"PATH": ["not allowed"]}}) == "env: PATH: not allowed"

@@ -1,0 +1,188 @@
+"""Making room: which smaller replicas to move so that a pending one fits.
+A pure function over the placement snapshot, next to ``replicas.placement``.
+
+A replica can stay pending while the GPUs it needs are free in total but
+scattered: in the demo, two 2-node x 4-GPU replicas and two 1-GPU replicas on
+four 8-GPU nodes; node02 lost, its replica's replacement needs two nodes of
+ib-b with 4 free, and a 1-GPU replica on node03 leaves it 3. Moving that
+replica to node01 (ib-a, 7 free) makes room.
+
+``plan_room`` looks, in every group the pending replica may use (a fabric for
+a multi-node replica; any fabric or the islands for a single-node one), for
+the nodes it would take once some single-node replicas smaller than it are
+moved off them, and checks with ``place`` that each moved replica fits
+elsewhere first (its replacement is started before the original stops, so
+it must fit on GPUs free now, and never on the nodes being cleared). Only
+single-node replicas move: they cross no fabric boundary, and ``place`` keeps
+every placement inside one fabric anyway.
+
+Cheapest first: the fewest moves, then the fewest GPUs moved, then the
+fewest GPUs left stranded, then names. When no set of moves makes room, the
+answer says why, group by group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Iterable
+
+from .placement import (
+    ISLAND,
+    ClusterSnapshot,
+    Placement,
+    PlacementRequest,
+    Unplaceable,
+    place,
+)
+
+# How a pending replica's reason says that room is being made for it, after
+# the placement's own reason (the scheduler keeps it; a drain does not call
+# such a replica stuck).
+MAKING_ROOM = "; making room: "
+
+# Replicas of one node considered for eviction, largest first: enough for any
+# real node (8 or 16 GPUs), and a bound on the subset search.
+PER_NODE = 12
+SHOWN = 3  # groups named in a "no room" reason
+
+
+@dataclass(frozen=True, slots=True)
+class Movable:
+    """A ready single-node replica that may be moved to make room."""
+
+    replica: int
+    model: str
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    replica: int
+    model: str
+    source: str
+    destination: Placement
+
+    @property
+    def gpus(self) -> int:
+        return len(self.destination.members[0].gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPlan:
+    """Move these, then the pending replica fits on ``nodes`` of ``fabric``
+    (None: a fabric-less node)."""
+
+    fabric: str | None
+    nodes: tuple[str, ...]
+    moves: tuple[Move, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoom:
+    reason: str
+
+
+def _evictions(candidates: list[Movable], deficit: int) -> tuple[Movable, ...] | None:
+    """The fewest replicas freeing at least ``deficit`` GPUs, then the fewest GPUs."""
+    ranked = sorted(candidates, key=lambda m: (-len(m.gpus), m.replica))[:PER_NODE]
+    freed, count = 0, 0
+    for movable in ranked:
+        freed += len(movable.gpus)
+        count += 1
+        if freed >= deficit:
+            break
+    else:
+        return None
+    best = None
+    for subset in combinations(ranked, count):
+        size = sum(len(m.gpus) for m in subset)
+        if size >= deficit and (best is None or size < best[0]):
+            best = (size, subset)
+    return best[1]
+
+
+def _group_nodes(snapshot: ClusterSnapshot, key: str | None) -> list[str]:
+    return [name for bucket in snapshot._groups[key].buckets for name in bucket]
+
+
+def _clear_group(request, snapshot, key, by_node):
+    """The k cheapest nodes of a group to clear, with their evictions, or a reason."""
+    need, k = request.gpus_per_node, request.nodes
+    options = []
+    eligible = 0
+    for name in _group_nodes(snapshot, key):
+        node = snapshot.nodes[name]
+        if node.total_gpus < need:
+            continue
+        eligible += 1
+        free = len(node.free_gpus)
+        if free >= need:
+            options.append(((0, 0, free - need, name), name, ()))
+            continue
+        evicted = _evictions(by_node.get(name, []), need - free)
+        if evicted is not None:
+            moved = sum(len(m.gpus) for m in evicted)
+            options.append(((len(evicted), moved, free + moved - need, name), name, evicted))
+    label = key or "fabric-less nodes"
+    if eligible < k:
+        return None, f"{label}: {eligible} schedulable node(s) of {need}+ GPUs"
+    if len(options) < k:
+        return None, f"{label}: only {len(options)} node(s) could be cleared to {need} free"
+    options.sort()
+    chosen = options[:k]
+    cost = (sum(o[0][0] for o in chosen), sum(o[0][1] for o in chosen), sum(o[0][2] for o in chosen))
+    return (cost, tuple(sorted(o[1] for o in chosen)), [m for o in chosen for m in o[2]]), ""
+
+
+def _destinations(snapshot, nodes, evicted) -> list[Move] | str:
+    """Where each evicted replica goes, on GPUs free now and off ``nodes``."""
+    trial = snapshot.copy()
+    for name in nodes:
+        trial.withhold(name)
+    moves = []
+    for movable in sorted(evicted, key=lambda m: (-len(m.gpus), m.replica)):
+        result = place(PlacementRequest(movable.model, 1, len(movable.gpus)), trial)
+        if isinstance(result, Unplaceable):
+            return f"{movable.model} replica {movable.replica} ({len(movable.gpus)} GPUs) would fit nowhere else"
+        trial.allocate(result)
+        moves.append(Move(movable.replica, movable.model, movable.node, result))
+    return moves
+
+
+def plan_room(request: PlacementRequest, snapshot: ClusterSnapshot, movable: Iterable[Movable]) -> RoomPlan | NoRoom:
+    """The cheapest set of moves after which ``request`` fits, or why none does.
+
+    ``movable`` lists the replicas that may move; those of the request's own
+    model, of more than one node, or not smaller than the request are left
+    alone. Call it only for a request that ``place`` cannot place now.
+    """
+    total = request.nodes * request.gpus_per_node
+    by_node: dict[str, list[Movable]] = {}
+    for m in movable:
+        if m.model != request.model and len(m.gpus) < total and m.node in snapshot.nodes:
+            by_node.setdefault(m.node, []).append(m)
+    if request.nodes > 1:
+        keys = list(snapshot.fabrics)
+        if not keys:
+            return NoRoom("no node is in a fabric")
+    else:
+        keys = sorted(snapshot._groups, key=lambda key: (key is not ISLAND, key or ""))
+    candidates, reasons = [], []
+    for key in keys:
+        cleared, why = _clear_group(request, snapshot, key, by_node)
+        if cleared is None:
+            reasons.append(why)
+            continue
+        cost, nodes, evicted = cleared
+        candidates.append((cost, key or "", key, nodes, evicted))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    for _, _, key, nodes, evicted in candidates:
+        moves = _destinations(snapshot, nodes, evicted)
+        if isinstance(moves, str):
+            reasons.append(f"{key or 'fabric-less nodes'}: {moves}")
+            continue
+        return RoomPlan(key, nodes, tuple(moves))
+    shown = "; ".join(reasons[:SHOWN]) + (f"; and {len(reasons) - SHOWN} more" if len(reasons) > SHOWN else "")
+    return NoRoom(f"no set of moves makes room ({shown})" if shown else "no set of moves makes room")
