@@ -29,7 +29,7 @@ ERRORS = {
     "400": "the input is refused: the body names what is wrong (per field, or in 'detail')",
     "401": "no valid token (send 'Authorization: Bearer <token>')",
     "403": "the token's user lacks the permission this needs",
-    "404": "nothing of that name or id",
+    "404": "nothing of that name or id (in the path, or named by the body)",
     "409": "the object's current state does not allow this change",
     "415": "the body is not JSON",
 }
@@ -38,8 +38,8 @@ ERRORS = {
 class AutoSchema(openapi.AutoSchema):
     def _error_codes(self) -> list[str]:
         codes = ["400", "401", "403"]
-        if "{" in self.path:
-            codes.append("404")
+        if "{" in self.path or self.method in WRITES:
+            codes.append("404")  # a write's body names objects too (the node of a drain)
         if self.method in WRITES:
             codes.append("409")
         if self.method in ("POST", "PUT", "PATCH"):

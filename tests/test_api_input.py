@@ -47,3 +47,16 @@ def test_an_object_body_still_works(api):
     r = api.patch("/api/v1/models/m/", data=json.dumps({"replicas": 3}), content_type="application/json")
     assert r.status_code == 200, r.content
     assert CatalogEntry.objects.get(name="m").replicas == 3
+
+
+@pytest.mark.parametrize("path", ["/api/v1/drains/0.5/", "/api/v1/jobs/%C2%84/", "/api/v1/nothing/", "/api/v2/"])
+def test_a_url_no_route_matches_is_a_json_404_under_the_api(api, path):
+    r = api.get(path)
+    assert r.status_code == 404
+    assert r["Content-Type"] == "application/json"
+    assert "names nothing in the operator API" in r.json()["detail"]
+
+
+def test_a_url_no_route_matches_elsewhere_is_still_the_html_page(api):
+    r = api.get("/no-such-page/")
+    assert r.status_code == 404 and r["Content-Type"].startswith("text/html")
