@@ -156,3 +156,14 @@ def test_a_gpu_replaced_at_the_same_index_takes_its_place_and_the_old_one_shows_
     assert send_heartbeat(node01, "node01", beat("node01", uuids=["GPU-new", "GPU-old", "GPU-b"]))[0] == 200
     assert sorted(Gpu.objects.values_list("uuid", "index")) == [("GPU-b", 2), ("GPU-new", 0), ("GPU-old", 1)]
     assert not Gpu.objects.exclude(missing_since=None).exists()
+
+
+@pytest.mark.parametrize("first, second", [("node01", "node02"), ("node02", "node01")])
+def test_whichever_node_reported_a_gpu_first_keeps_it_and_both_keep_heartbeating(first, second):
+    peers = {name: peer_for(name) for name in (first, second)}
+    for name in (first, second, first, second):
+        status, reply = send_heartbeat(peers[name], name, beat(name, uuids=[SHARED, *own(name)], mgmt_addr=name))
+        assert status == 200, (name, reply)
+    assert Gpu.objects.get(uuid=SHARED).node.name == first
+    assert_conflict_shown(second, first)
+    assert {liveness.store().seen(n) is not None for n in (first, second)} == {True}
