@@ -42,7 +42,8 @@ def test_the_operator_api_answers_as_its_schema_says(web_factory, admin_token, t
          "--workers", "1",
          "--report-dir", str(tmp_path / "report"),
          "--no-color"],
-        capture_output=True, text=True, timeout=600,
+        # schemathesis keeps a cache in its working directory: not in the checkout.
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-20000:] + "\n--- web log ---\n" + web.log()[-5000:]
