@@ -6,8 +6,8 @@ would starve heartbeats. Here a long-poll that has nothing to say yet is
 parked: its socket sits in the selector, no thread holds it, and the request
 is re-run through Django when the node's state changes or its wait runs out.
 
-``nodes.watch`` is imported inside the methods that use it: it imports the
-models, and gunicorn imports this worker class in its master process, before
+``nodes.watch`` and ``nodes.liveness`` are imported inside the methods that
+use them: they import the models, and gunicorn imports this worker class in its master process, before
 any worker has loaded the Django application.
 """
 
@@ -21,8 +21,6 @@ from collections import defaultdict
 from functools import partial
 
 from django.db import close_old_connections
-
-from nodes import liveness
 
 from .worker import AgentApiWorker
 
@@ -148,7 +146,7 @@ class AgentApiWatchWorker(AgentApiWorker):
         self.method_queue.defer(self._wake, node)
 
     def _pubsub_loop(self) -> None:
-        from nodes import watch
+        from nodes import liveness, watch
 
         while True:
             try:

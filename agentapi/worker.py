@@ -20,8 +20,9 @@ connections over a plain queue instead of a Future, a Condition and a
 callback list per request (``pool.py``).
 
 gunicorn imports this module in its master process, before any worker has
-loaded the Django application, so settings are read in ``run()``, in the
-worker, once the application is loaded.
+loaded the Django application, so settings are read, and ``nodes.liveness``
+(which imports the models) is imported, in the worker, once the application
+is loaded.
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ from gunicorn import http, util
 from gunicorn import sock as gsock
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import TConn, ThreadWorker
-
-from nodes import liveness
 
 from .pool import ConnectionPool
 from .response import OneWriteResponse
@@ -115,6 +114,8 @@ class AgentApiWorker(ThreadWorker):
     def run(self) -> None:
         self.handshake_timeout = settings.LLMGW_AGENT_HANDSHAKE_TIMEOUT
         TimedSSLSocket.request_timeout = settings.LLMGW_AGENT_REQUEST_TIMEOUT
+        from nodes import liveness
+
         self.ssl_context()
         liveness.store().serve_heartbeats()
         threading.Thread(target=_listener_alive_loop, name="listener-alive", daemon=True).start()
@@ -306,6 +307,8 @@ def _peer(conn: TConn) -> str:
 
 def _listener_alive_loop() -> None:
     """Tell the lost-node sweep that the agent API is up and can hear nodes."""
+    from nodes import liveness
+
     failing = False
     while True:
         try:

@@ -105,3 +105,18 @@ def test_a_nul_byte_in_a_path_or_filter_is_a_400(web_factory, admin_token):
         assert "NUL" in r.json()["detail"]
     r = httpx.get(f"{web.url}/nodes/a%00b/", headers=auth, timeout=10)
     assert r.status_code == 400 and "NUL" in r.text
+
+
+def test_every_package_of_the_checkout_is_installed():
+    """A non-editable install (production, the prod check) takes only the
+    packages pyproject.toml lists: one left out is an app that is missing
+    at start."""
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    include = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.parent.name for p in root.glob("*/__init__.py")} - {"tests", "bench", "tools"}
+    missing = sorted(p for p in packages if not any(fnmatch(p, pattern) for pattern in include))
+    assert not missing, f"pyproject.toml's packages.find include leaves out {missing}"

@@ -255,3 +255,19 @@ def test_one_write_response_goes_out_in_one_send_through_gunicorns_write():
     assert len(sock.sends) == 2, sock.sends  # headers with the first chunk, then the last chunk
     assert b"Transfer-Encoding: chunked" in sock.sends[0] and sock.sends[0].endswith(b"\r\n5\r\nhello\r\n")
     assert sock.sends[1] == b"0\r\n\r\n"
+
+
+def test_the_worker_class_imports_before_django_is_set_up():
+    """gunicorn's master imports the worker class before any worker loads the
+    application: the module must not import models (or anything that does) at
+    its top, or the agent API dies at start with AppRegistryNotReady."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import gunicorn.util as u; u.load_class('agentapi.watch.AgentApiWatchWorker')"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
