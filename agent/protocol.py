@@ -29,10 +29,12 @@ agent or control plane. Removing or renaming one does: that is a new
 
 from __future__ import annotations
 
+import math
 import re
+import types
 import typing
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from functools import cache
 from typing import Any, TypeVar
 
@@ -58,33 +60,97 @@ def node_path(node_id: str) -> str:
     return f"{API_PREFIX}/nodes/{node_id}"
 
 
+class ProtocolError(TypeError, ValueError):
+    """A message that does not follow this contract: a required field
+    missing, or a value of the wrong type. The one error ``from_dict`` raises
+    (a TypeError, and a ValueError, for readers that catch either)."""
+
+
 @cache
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _value(kind: Any, value: Any) -> Any:
+def _number(kind: type, value: Any, where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ProtocolError(f"{where}: expected a number, not {_json_kind(value)}")
+    try:
+        number = kind(value)
+    except (ValueError, OverflowError):
+        raise ProtocolError(f"{where}: {value!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is int and isinstance(value, float) and number != value:
+        raise ProtocolError(f"{where}: {value!r} is not an integer")
+    if kind is float and not math.isfinite(number):
+        raise ProtocolError(f"{where}: {value!r} is not a finite number")
+    return number
+
+
+def _value(kind: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(kind)
     if is_dataclass(kind):
-        return from_dict(kind, value)
-    if typing.get_origin(kind) is list:
+        return _from_dict(kind, value, where)
+    if origin is list:
         if not isinstance(value, list):
-            raise TypeError(f"expected a JSON list, not {type(value).__name__}")
+            raise ProtocolError(f"{where}: expected a JSON list, not {_json_kind(value)}")
         (item,) = typing.get_args(kind)
-        return [_value(item, v) for v in value]
+        return [_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ProtocolError(f"{where}: expected a JSON object, not {_json_kind(value)}")
+        _, item = typing.get_args(kind)
+        return {str(k): _value(item, v, f"{where}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(kind) if a is not type(None)]
+        if value is None and len(options) < len(typing.get_args(kind)):
+            return None
+        return _value(options[0], value, where)
     if kind is int or kind is float:
-        return kind(value)
+        return _number(kind, value, where)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected true or false, not {_json_kind(value)}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected a string, not {_json_kind(value)}")
+        return value
     return value
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a JSON list" if isinstance(value, list) else "a JSON object"
+
+
+def _from_dict(cls: type[T], data: Any, where: str) -> T:
+    if not isinstance(data, Mapping):
+        raise ProtocolError(f"{where or cls.__name__} must be a JSON object, not {_json_kind(data)}")
+    kinds = _field_types(cls)
+    values = {}
+    for f in fields(cls):
+        if not f.init:
+            continue
+        if f.name in data:
+            values[f.name] = _value(kinds[f.name], data[f.name], f"{where}.{f.name}" if where else f.name)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ProtocolError(f"{cls.__name__} is missing the required field {where + '.' if where else ''}{f.name}")
+    return cls(**values)
+
+
+def from_dict(cls: type[T], data: Any) -> T:
     """An instance of the dataclass ``cls`` from decoded JSON, nested
     dataclasses included. Fields it does not know are ignored (the other side
-    may be newer); a required field that is missing is a TypeError."""
-    if not isinstance(data, Mapping):
-        raise TypeError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}")
-    kinds = _field_types(cls)
-    known = {f.name for f in fields(cls) if f.init}
-    return cls(**{name: _value(kinds[name], value) for name, value in data.items() if name in known})
+    may be newer). Anything else that does not fit (a required field missing,
+    a value of the wrong type, a number that is not finite) raises
+    ``ProtocolError`` naming the field, and nothing else is raised."""
+    return _from_dict(cls, data, "")
 
 
 @dataclass

@@ -137,7 +137,7 @@ def cluster_gauges() -> dict[str, Any]:
     for node in nodes:
         node_states[node.status] = node_states.get(node.status, 0) + 1
     seen = node_last_seen(nodes)
-    gpus = dict(Gpu.objects.values_list("node__name").annotate(n=Count("id")).order_by())
+    gpus = dict(Gpu.objects.filter(missing_since=None).values_list("node__name").annotate(n=Count("id")).order_by())
     allocated = dict(GpuAllocation.objects.values_list("node__name").annotate(n=Count("id")).order_by())
     return {
         "at": time.time(),

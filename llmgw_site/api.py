@@ -1,6 +1,8 @@
 """Operator API errors: JSON with a message a person can act on."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import JsonResponse
+from django.views import defaults
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -33,3 +35,14 @@ def exception_handler(exc, context):
     if isinstance(exc, DjangoValidationError):
         return Response({"detail": "; ".join(exc.messages)}, status=status.HTTP_400_BAD_REQUEST)
     return drf_exception_handler(exc, context)
+
+
+def not_found(request, exception):
+    """Django's 404 for a URL no route matches (``handler404``): JSON under
+    ``/api/``, as every other answer of the operator API, the HTML page elsewhere."""
+    if request.path_info.startswith("/api/"):
+        return JsonResponse(
+            {"detail": f"no such URL: {request.path_info!r} names nothing in the operator API (see /api/docs/)"},
+            status=404,
+        )
+    return defaults.page_not_found(request, exception)

@@ -35,6 +35,8 @@ class EventKind(models.TextChoices):
     NODE_REGISTERED = "node.registered"
     NODE_STATUS = "node.status"
     NODE_INVENTORY = "node.inventory"
+    GPU_CONFLICT = "gpu.conflict"
+    GPU_MISSING = "gpu.missing"
     CONTROL_PLANE = "control_plane"
     MODEL = "model"
     REPLICA_STATUS = "replica.status"

@@ -7,7 +7,10 @@ records them (in the agent API, written behind without a round trip; see
 current. Anything new (a changed inventory or engine, a status or
 desired-state change, a node we have not cached) goes to the database, and
 is validated before anything about it is recorded, liveness included: a
-refused heartbeat stores nothing.
+malformed heartbeat stores nothing. A well-formed one is never refused for
+what its inventory says about other rows (a GPU another node holds, a GPU
+gone while allocated: see ``nodes.inventory``); if the database still refuses
+it, the node's liveness is recorded all the same.
 
 When the database is away, a node this process has answered before is
 answered from that copy (its liveness still goes to Redis; what it brought
@@ -30,6 +33,7 @@ from django.db import DatabaseError, OperationalError
 from . import liveness, outages, selectors
 from .clock import agent_reconnect_max
 from .choices import NodeStatus
+from .exceptions import InventoryRejected
 from .inventory import node_heartbeat_apply
 from .models import Node
 from .validation import heartbeat_clean
@@ -139,12 +143,19 @@ def _from_database(
         or engines_hash(row["engines"]) != eng_hash
     ):
         data = heartbeat_clean(payload)
-        node = node_heartbeat_apply(
-            node_name=node_name,
-            inventory={k: data[k] for k in INVENTORY_FIELDS},
-            inventory_hash=inv_hash,
-            engines=[dict(e) for e in data["engines"]],
-        )
+        try:
+            node = node_heartbeat_apply(
+                node_name=node_name,
+                inventory={k: data[k] for k in INVENTORY_FIELDS},
+                inventory_hash=inv_hash,
+                engines=[dict(e) for e in data["engines"]],
+            )
+        except InventoryRejected:
+            # A well-formed heartbeat from a registered node proves the node is
+            # alive, whatever the database made of its inventory.
+            if row is not None and not recorded:
+                store.record(node_name, time.time())
+            raise
         row = {"status": node.status, "desired_version": node.desired_version}
     if not recorded:
         store.record(node_name, time.time())

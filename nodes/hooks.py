@@ -11,6 +11,9 @@ from typing import Any, Callable
 
 # (node=Node, engines=list of engine state dicts) -> None, inside the heartbeat's transaction.
 engine_report_handlers: list[Callable[..., None]] = []
+# (node=Node, gpu_ids=list of Gpu pks) -> None, inside the heartbeat's
+# transaction: GPUs the node stopped reporting (now marked missing).
+gpus_vanished_handlers: list[Callable[..., None]] = []
 # (node_name=str) -> None, after the node was marked lost.
 node_lost_handlers: list[Callable[..., None]] = []
 # (node_name=str, reason=str) -> None, inside the transaction that took the

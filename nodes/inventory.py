@@ -12,7 +12,7 @@ from . import hooks
 from .choices import EventKind, EventSeverity, NodeStatus
 from .events import event_record
 from .exceptions import InventoryRejected
-from .models import Fabric, Gpu, Hca, Node
+from .models import Fabric, Gpu, GpuConflict, Hca, Node
 from .services import node_transition
 
 
@@ -25,28 +25,71 @@ def _sync_fabrics(node: Node, inventory: dict[str, Any]) -> None:
     node.fabrics.set(fabrics)
 
 
-def _sync_gpus(node: Node, gpus: list[dict[str, Any]]) -> None:
+def _sync_gpus(node: Node, gpus: list[dict[str, Any]], now) -> None:
+    """Store the GPUs the node reports. What it no longer reports is marked
+    missing, never deleted (the node keeps its claim on the uuid, and the
+    replica holding it is failed through the hooks); a uuid another node
+    holds stays with that node and the claim is recorded as a conflict.
+    Nothing here refuses the heartbeat."""
     wanted = {g["uuid"]: g for g in gpus}
-    node.gpus.exclude(uuid__in=wanted).delete()
-    existing = {g.uuid: g for g in node.gpus.all()}
-    # Free the indices that will be reused by other GPUs before writing.
-    for uuid, gpu in existing.items():
-        if gpu.index != wanted[uuid]["index"]:
-            gpu.index = 100000 + gpu.pk
-            gpu.save(update_fields=["index"])
-    for uuid, data in wanted.items():
+    mine = {g.uuid: g for g in node.gpus.all()}
+    held = {
+        g.uuid: g
+        for g in Gpu.objects.filter(uuid__in=[u for u in wanted if u not in mine]).select_related("node")
+    }
+    present = {u: g for u, g in wanted.items() if u not in held}
+    vanished = [g for u, g in mine.items() if u not in present and g.missing_since is None]
+    # Missing first: a missing GPU keeps its last index, outside the unique
+    # (node, index) of the GPUs that are there (the others renumber).
+    Gpu.objects.filter(pk__in=[g.pk for g in vanished]).update(missing_since=now)
+    # Free the indices the reported GPUs will take before writing.
+    for uuid, gpu in mine.items():
+        if uuid in present and gpu.index != present[uuid]["index"]:
+            Gpu.objects.filter(pk=gpu.pk).update(index=100000 + gpu.pk)
+    for uuid, data in present.items():
         fields = {k: data[k] for k in ("index", "name", "memory_mib", "pci_bus_id")}
-        if uuid in existing:
-            Gpu.objects.filter(pk=existing[uuid].pk).update(**fields)
-        else:
-            other = Gpu.objects.filter(uuid=uuid).select_related("node").first()
-            if other is not None:
-                raise InventoryRejected(
-                    f"GPU {uuid} is already reported by node {other.node.name}; a GPU belongs "
-                    "to one node. Check that the two agents are not sharing a fake nvidia-smi "
-                    "or a cloned machine image"
-                )
+        if uuid not in mine:
             Gpu.objects.create(node=node, uuid=uuid, **fields)
+            continue
+        if mine[uuid].missing_since is not None:
+            event_record(
+                kind=EventKind.GPU_MISSING, subject=f"node/{node.name}", node=node,
+                message=f"GPU {uuid} (index {data['index']}) is reported again", data={"gpu": uuid},
+            )
+        Gpu.objects.filter(pk=mine[uuid].pk).update(missing_since=None, **fields)
+    for gpu in vanished:
+        event_record(
+            kind=EventKind.GPU_MISSING, subject=f"node/{node.name}", node=node, severity=EventSeverity.WARNING,
+            message=f"GPU {gpu.uuid} (index {gpu.index}) is no longer reported; marked missing: nothing new is "
+            "placed on it, and a replica using it fails and is rebuilt elsewhere",
+            data={"gpu": gpu.uuid},
+        )
+    if vanished:
+        for handler in hooks.gpus_vanished_handlers:
+            handler(node=node, gpu_ids=[g.pk for g in vanished])
+    _record_claims(node, held)
+
+
+def _record_claims(node: Node, held: dict[str, Gpu]) -> None:
+    """The node's claims on GPUs other nodes hold: the holder keeps them."""
+    GpuConflict.objects.filter(claimant=node).exclude(gpu__in=held.values()).delete()
+    known = set(GpuConflict.objects.filter(claimant=node).values_list("gpu_id", flat=True))
+    for uuid, gpu in held.items():
+        if gpu.pk in known:
+            continue
+        GpuConflict.objects.create(claimant=node, gpu=gpu)
+        holder = gpu.node.name
+        message = (
+            f"node {node.name} reports GPU {uuid}, which node {holder} holds: {holder} keeps it and "
+            f"{node.name} is not given it. Check that the two agents do not share a fake nvidia-smi or "
+            "a cloned machine image"
+        )
+        for about in (node, gpu.node):
+            event_record(
+                kind=EventKind.GPU_CONFLICT, subject=f"node/{about.name}", node=about,
+                severity=EventSeverity.WARNING, message=message,
+                data={"gpu": uuid, "holder": gpu.node.name, "claimant": node.name},
+            )
 
 
 def _sync_hcas(node: Node, hcas: list[dict[str, Any]], memberships: list[dict[str, Any]]) -> None:
@@ -83,7 +126,7 @@ def node_heartbeat_apply(
                 )
             if node.inventory_hash != inventory_hash:
                 _sync_fabrics(node, inventory)
-                _sync_gpus(node, inventory["gpus"])
+                _sync_gpus(node, inventory["gpus"], now)
                 _sync_hcas(node, inventory["hcas"], inventory["fabrics"])
                 if node.inventory_hash and node.discovery_errors != inventory["discovery_errors"]:
                     event_record(

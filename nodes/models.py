@@ -57,17 +57,43 @@ class Gpu(models.Model):
     name = models.CharField(max_length=128)
     memory_mib = models.PositiveIntegerField()
     pci_bus_id = models.CharField(max_length=32)
+    # Set when the node's agent stopped reporting this GPU. The row stays: the
+    # node keeps its claim on the uuid, and a replica holding it is failed
+    # rather than the node's heartbeats refused. Cleared when it is reported again.
+    missing_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node", "index"]
         verbose_name = "GPU"
         verbose_name_plural = "GPUs"
         constraints = [
-            models.UniqueConstraint(fields=["node", "index"], name="%(app_label)s_%(class)s_unique_index"),
+            # Among the GPUs that are there: a missing one keeps its last index.
+            models.UniqueConstraint(
+                fields=["node", "index"], condition=models.Q(missing_since=None),
+                name="%(app_label)s_%(class)s_unique_index",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.node.name}:gpu{self.index}"
+
+
+class GpuConflict(models.Model):
+    """A node that reports a GPU another node already holds. The holder keeps
+    it; the claim is recorded here (and as an Event) and shown on both nodes."""
+
+    claimant = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_claims")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="conflicts")
+    since = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["claimant", "gpu"]
+        constraints = [
+            models.UniqueConstraint(fields=["claimant", "gpu"], name="%(app_label)s_%(class)s_unique_claim"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.claimant.name} claims {self.gpu.uuid}"
 
 
 class Hca(models.Model):

@@ -9,7 +9,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from . import hooks, liveness
-from .models import Event, Fabric, Gpu, Hca, Node
+from .models import Event, Fabric, Gpu, GpuConflict, Hca, Node
 
 
 def node_list() -> QuerySet[Node]:
@@ -48,6 +48,17 @@ def node_replica_counts() -> dict[str, int]:
         for name, count in counter().items():
             counts[name] = counts.get(name, 0) + count
     return counts
+
+
+def node_gpu_conflicts() -> dict[str, list[dict[str, Any]]]:
+    """{node name: the GPU claims it is part of}, as claimant and as holder."""
+    result: dict[str, list[dict[str, Any]]] = {}
+    rows = GpuConflict.objects.values_list("gpu__uuid", "gpu__node__name", "claimant__name", "since")
+    for uuid, holder, claimant, since in rows.order_by("since", "pk"):
+        conflict = {"gpu": uuid, "holder": holder, "claimant": claimant, "since": since}
+        result.setdefault(claimant, []).append(conflict)
+        result.setdefault(holder, []).append(conflict)
+    return result
 
 
 def fabric_list() -> QuerySet[Fabric]:

@@ -15,6 +15,10 @@ from rest_framework import serializers
 from agent.protocol import ENGINE_STATES, FABRIC_NAME_RE, HCA_NAME_RE, PROTOCOL_VERSION
 
 
+INT16_MAX = 2**15 - 1
+INT32_MAX = 2**31 - 1
+
+
 class HeartbeatInvalid(ValueError):
     def __init__(self, errors: dict[str, Any]) -> None:
         super().__init__("invalid heartbeat")
@@ -75,7 +79,7 @@ class _Gpu(serializers.Serializer):
     uuid = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=128)
     # Stored in a PositiveIntegerField: refuse what the database would, as a 400.
-    memory_mib = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
     pci_bus_id = serializers.CharField(max_length=32)
 
 
@@ -99,10 +103,14 @@ class _FabricMembership(serializers.Serializer):
 class _EngineState(serializers.Serializer):
     member = serializers.CharField(max_length=64)
     replica = serializers.CharField(max_length=64)
-    rank = serializers.IntegerField(min_value=0)
+    # The bounds of the columns they are stored in (replicas.Member): refuse
+    # what the database would, as a 400 naming the field.
+    rank = serializers.IntegerField(min_value=0, max_value=INT16_MAX)
     state = serializers.ChoiceField(choices=ENGINE_STATES)
-    pid = serializers.IntegerField(allow_null=True, required=False, default=None)
-    exit_code = serializers.IntegerField(allow_null=True, required=False, default=None)
+    pid = serializers.IntegerField(allow_null=True, required=False, default=None, min_value=0, max_value=INT32_MAX)
+    exit_code = serializers.IntegerField(
+        allow_null=True, required=False, default=None, min_value=-INT32_MAX - 1, max_value=INT32_MAX
+    )
     healthy = serializers.BooleanField(default=False)
     log_tail = serializers.ListField(child=serializers.CharField(allow_blank=True), default=list, max_length=2000)
 

@@ -12,5 +12,6 @@ class ReplicasConfig(AppConfig):
         hooks.engine_report_handlers.append(services.members_report)
         hooks.node_lost_handlers.append(services.replicas_node_lost)
         hooks.node_undrained_handlers.append(drain.drain_end_for_node)
+        hooks.gpus_vanished_handlers.append(services.replicas_gpus_vanished)
         hooks.desired_member_providers.append(selectors.node_desired_members)
         hooks.replica_counters.append(selectors.node_replica_counts)

@@ -62,7 +62,8 @@ def cluster_snapshot() -> placement.ClusterSnapshot:
     allocated = set(GpuAllocation.objects.values_list("gpu_id", flat=True))
     free = defaultdict(list)
     total = defaultdict(int)
-    for gpu_id, node_id, index in Gpu.objects.values_list("id", "node_id", "index"):
+    # A missing GPU is neither capacity nor free: the node no longer reports it.
+    for gpu_id, node_id, index in Gpu.objects.filter(missing_since=None).values_list("id", "node_id", "index"):
         total[node_id] += 1
         if gpu_id not in allocated:
             free[node_id].append(index)
@@ -142,7 +143,8 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
             return []
         gpu_ids = {
             (node_id, index): gpu_id
-            for gpu_id, node_id, index in Gpu.objects.filter(node__name__in=names).values_list("id", "node_id", "index")
+            for gpu_id, node_id, index in Gpu.objects.filter(node__name__in=names, missing_since=None)
+            .values_list("id", "node_id", "index")
         }
         fabrics = {f.name: f for f in Fabric.objects.filter(name__in={p.fabric for _, p in items if p.fabric})}
         book = _PortBook({n.id for n in nodes.values()})

@@ -251,6 +251,28 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
         reconcile_after_commit()
 
 
+def replicas_gpus_vanished(*, node: Node, gpu_ids: list[int]) -> None:
+    """GPUs a node no longer reports (inside the heartbeat's transaction): each
+    placed replica using one fails, and so is rebuilt elsewhere. Its members
+    are reaped as for any failure; the allocation goes when the engine stops."""
+    members = (
+        Member.objects.select_for_update()
+        .filter(node=node, pk__in=GpuAllocation.objects.filter(gpu_id__in=gpu_ids).values("member_id"))
+        .exclude(state=MemberState.GONE)
+        .select_related("replica")
+        .order_by("pk")
+    )
+    for member in members:
+        if member.replica.status in PLACED:
+            uuids = sorted(
+                GpuAllocation.objects.filter(member=member, gpu_id__in=gpu_ids).values_list("gpu__uuid", flat=True)
+            )
+            replica_fail(
+                replica_id=member.replica_id,
+                reason=f"GPU {', '.join(uuids)} of rank {member.rank} vanished from node {node.name}",
+            )
+
+
 def replicas_node_lost(*, node_name: str) -> None:
     """A node is lost: every replica with a member on it fails; that member's
     GPUs are freed now (the node runs nothing we will count on, and when it

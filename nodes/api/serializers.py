@@ -1,13 +1,14 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import Event, Fabric, Gpu, Hca, Node
-from ..selectors import age_seconds
+from ..selectors import age_seconds, node_gpu_conflicts
 
 
 class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
-        fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id"]
+        fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id", "missing_since"]
 
 
 class HcaSerializer(serializers.ModelSerializer):
@@ -18,6 +19,13 @@ class HcaSerializer(serializers.ModelSerializer):
         fields = ["name", "fabric", "port", "state", "phys_state", "link_layer", "rate", "guid", "gid"]
 
 
+class GpuConflictSerializer(serializers.Serializer):
+    gpu = serializers.CharField(help_text="the GPU's uuid")
+    holder = serializers.CharField(help_text="the node that holds it (and keeps it)")
+    claimant = serializers.CharField(help_text="the node that also reports it")
+    since = serializers.DateTimeField()
+
+
 class NodeSerializer(serializers.ModelSerializer):
     fabrics = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     gpus = GpuSerializer(many=True, read_only=True)
@@ -25,13 +33,16 @@ class NodeSerializer(serializers.ModelSerializer):
     last_heartbeat_at = serializers.SerializerMethodField()
     heartbeat_age_seconds = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
+    gpu_conflicts = serializers.SerializerMethodField(
+        help_text="GPUs this node reports that another node holds, and GPUs of this node another node reports"
+    )
 
     class Meta:
         model = Node
         fields = [
             "name", "status", "status_changed_at", "status_reason", "fabrics", "gpus", "hcas",
             "mgmt_addr", "mgmt_interface", "agent_version", "discovery_errors", "engines",
-            "last_heartbeat_at", "heartbeat_age_seconds", "replicas", "registered_at",
+            "last_heartbeat_at", "heartbeat_age_seconds", "replicas", "registered_at", "gpu_conflicts",
         ]
         read_only_fields = fields
 
@@ -48,6 +59,13 @@ class NodeSerializer(serializers.ModelSerializer):
     def get_replicas(self, node) -> int:
         return self.context.get("replica_counts", {}).get(node.name, 0)
 
+    @extend_schema_field(GpuConflictSerializer(many=True))
+    def get_gpu_conflicts(self, node) -> list:
+        conflicts = self.context.get("gpu_conflicts")
+        if conflicts is None:
+            conflicts = node_gpu_conflicts()
+        return GpuConflictSerializer(conflicts.get(node.name, []), many=True).data
+
 
 class FabricSerializer(serializers.ModelSerializer):
     nodes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
@@ -58,7 +76,7 @@ class FabricSerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = Event

@@ -22,6 +22,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         if self.action in ("list", "retrieve", "cordon", "uncordon"):
             context["last_seen"] = selectors.node_last_seen(self.get_queryset())
             context["replica_counts"] = selectors.node_replica_counts()
+            context["gpu_conflicts"] = selectors.node_gpu_conflicts()
         return context
 
     @extend_schema(request=None, responses=NodeSerializer)

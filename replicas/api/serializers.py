@@ -21,7 +21,8 @@ class MemberSerializer(serializers.ModelSerializer):
 
 class ReplicaSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    fabric = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # A single-node replica on a node with no fabric has none.
+    fabric = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     members = MemberSerializer(many=True, read_only=True)
 
     class Meta:
@@ -63,7 +64,8 @@ class CatalogApplySerializer(serializers.Serializer):
 
 class DrainSerializer(serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", queryset=CatalogEntry.objects.none())
-    current = serializers.PrimaryKeyRelatedField(read_only=True)
+    # The replica being moved; none between steps and once the drain is over.
+    current = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
 
     class Meta:
         model = Drain
