@@ -91,9 +91,11 @@ def move_start(*, move: defrag.Move, target: Replica, fabric: str | None) -> boo
     destination = move.destination.members[0].node
     try:
         with transaction.atomic():
-            model = CatalogEntry.objects.select_for_update().get(name=move.model)
+            # The lock order (docs/architecture.md): catalog entry, then replica;
+            # NO KEY locks, so that foreign-key checks at others' commits pass.
+            model = CatalogEntry.objects.select_for_update(no_key=True).get(name=move.model)
             original = (
-                Replica.objects.select_for_update(of=("self",))
+                Replica.objects.select_for_update(of=("self",), no_key=True)
                 .filter(pk=move.replica, status=ReplicaStatus.READY, draining=False).first()
             )
             if original is None:

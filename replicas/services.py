@@ -256,7 +256,7 @@ def replicas_gpus_vanished(*, node: Node, gpu_ids: list[int]) -> None:
     placed replica using one fails, and so is rebuilt elsewhere. Its members
     are reaped as for any failure; the allocation goes when the engine stops."""
     members = (
-        Member.objects.select_for_update()
+        Member.objects.select_for_update(of=("self",), no_key=True)
         .filter(node=node, pk__in=GpuAllocation.objects.filter(gpu_id__in=gpu_ids).values("member_id"))
         .exclude(state=MemberState.GONE)
         .select_related("replica")

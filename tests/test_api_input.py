@@ -7,8 +7,9 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+from accounts.services import token_create
 
 from replicas.models import CatalogEntry
 from tests.factories import CatalogEntryFactory
@@ -23,7 +24,7 @@ NOT_OBJECTS = [("[]", "array"), ('[{"replicas": 2}]', "array"), ('"x"', "string"
 def api(db):
     user = get_user_model().objects.create_superuser("operator", "", "operator-password-for-tests")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=user).token}")
     return client
 
 

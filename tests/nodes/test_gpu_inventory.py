@@ -47,13 +47,14 @@ def own(node_id: str, n: int = 2) -> list[str]:
 
 def api_node(name: str) -> dict:
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from accounts.services import token_create
 
     user = get_user_model().objects.filter(username="operator").first() or get_user_model().objects.create_superuser(
         "operator", "", "operator-password-for-tests"
     )
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=user).token}")
     response = client.get(f"/api/v1/nodes/{name}/")
     assert response.status_code == 200, response.content
     return response.json()
