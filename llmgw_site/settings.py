@@ -206,6 +206,9 @@ LLMGW_MASS_SILENCE_FRACTION = env.float("LLMGW_MASS_SILENCE_FRACTION", default=0
 LLMGW_MAX_HEARTBEAT_BYTES = env.int("LLMGW_MAX_HEARTBEAT_BYTES", default=256 * 1024)
 LLMGW_REVOCATION_CACHE_SECONDS = env.float("LLMGW_REVOCATION_CACHE_SECONDS", default=1.0)
 LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)
+# Node certificates signed from a node's own request (onboarding, rotation):
+# short-lived; the agent renews at two thirds of the lifetime.
+LLMGW_NODE_CERT_DAYS = env.int("LLMGW_NODE_CERT_DAYS", default=30)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
 

@@ -25,6 +25,13 @@ def register(ctl_sub) -> None:
     client.add_argument("--out", required=True, help="directory for NODE.pem, NODE-key.pem and ca.pem")
     client.add_argument("--days", type=int)
     client.set_defaults(func=_issue_client)
+    sign = cert_sub.add_parser(
+        "sign", help="sign a node's certificate request (its key stays on the node): CN must be NODE")
+    sign.add_argument("node")
+    sign.add_argument("--csr", required=True, help="the request, PEM ('-': stdin), e.g. from 'llmgw-agent csr'")
+    sign.add_argument("--out", help="directory for NODE.pem and ca.pem (default: the certificate on stdout)")
+    sign.add_argument("--days", type=int, help="lifetime (default $LLMGW_NODE_CERT_DAYS, 30)")
+    sign.set_defaults(func=_sign)
     server = cert_sub.add_parser("issue-server", help="a server certificate with subject alternative names")
     server.add_argument("--host", action="append", default=[], help="DNS name (repeatable)")
     server.add_argument("--ip", action="append", default=[], help="IP address (repeatable)")
@@ -83,6 +90,35 @@ def _issue_client(args) -> int:
     print(f"issued {issued.row.common_name} serial {issued.row.serial}, valid until {issued.row.not_after:%Y-%m-%d}")
     for label, path in paths.items():
         print(f"  {label:4} {path}")
+    return 0
+
+
+def _sign(args) -> int:
+    services = _pki(args)
+    import sys
+
+    from pki.signing import cert_sign_node
+
+    try:
+        csr = sys.stdin.read() if args.csr == "-" else Path(args.csr).read_text()
+    except OSError as exc:
+        raise CtlError(f"cannot read the request {args.csr}: {exc.strerror}") from exc
+    try:
+        signed = cert_sign_node(node_id=args.node, csr_pem=csr, days=args.days)
+    except services.PkiError as exc:
+        raise CtlError(str(exc)) from exc
+    what = "signed" if signed.new else "already signed (this key's live certificate)"
+    note = f"{what} {args.node} serial {signed.row.serial}, valid until {signed.row.not_after:%Y-%m-%d %H:%M} UTC"
+    if not args.out:
+        sys.stdout.write(signed.cert_pem.decode())
+        print(note, file=sys.stderr)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.node}.pem").write_bytes(signed.cert_pem)
+    (out / "ca.pem").write_bytes(signed.ca_pem)
+    print(note)
+    print(f"  cert {out / (args.node + '.pem')}\n  ca   {out / 'ca.pem'}")
     return 0
 
 
