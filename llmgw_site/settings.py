@@ -302,4 +302,9 @@ LLMGW_PROVISION_POLL_MAX = env.float("LLMGW_PROVISION_POLL_MAX", default=10.0)
 LLMGW_PROVISION_LEASE = env.float("LLMGW_PROVISION_LEASE", default=300.0)
 # A job whose next advance is this late is enqueued again by the sweep.
 LLMGW_PROVISION_STALL_GRACE = env.float("LLMGW_PROVISION_STALL_GRACE", default=30.0)
+# Onboarding: the agent API's address as nodes reach it (written into their
+# agent.yaml), and how long to wait for a new node's first heartbeat.
+LLMGW_AGENT_SERVER = env.str("LLMGW_AGENT_SERVER", default="https://127.0.0.1:7443")
+LLMGW_ONBOARD_HEARTBEAT_DEADLINE = env.float("LLMGW_ONBOARD_HEARTBEAT_DEADLINE", default=120.0)
+LLMGW_ONBOARD_CLOCK_SKEW = env.float("LLMGW_ONBOARD_CLOCK_SKEW", default=60.0)
 LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)

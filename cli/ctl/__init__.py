@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import sys
 
-from . import catalog, certs, drain, events, keys, nodes, provisioning
+from . import catalog, certs, drain, events, keys, nodes, onboard, provisioning
 from .common import CtlError
 
-AREAS = (certs, nodes, events, catalog, drain, keys, provisioning)
+AREAS = (certs, nodes, events, catalog, drain, keys, provisioning, onboard)
 
 
 def add_ctl_parser(sub) -> None:
