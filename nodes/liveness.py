@@ -28,7 +28,9 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from .models import ControlPlaneClock, Node
+# The models are imported inside DatabaseLiveness's methods: gunicorn imports
+# the agent API's worker class (and so this module) in its master process,
+# before Django has loaded the apps.
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +214,7 @@ class DatabaseLiveness:
         pass
 
     def touch(self, node: str, at: float) -> int:
+        from .models import Node
         Node.objects.filter(name=node).update(last_heartbeat_at=_aware(at))
         return 0
 
@@ -225,10 +228,12 @@ class DatabaseLiveness:
         self.touch(node, at)
 
     def seen(self, node: str) -> float | None:
+        from .models import Node
         value = Node.objects.filter(name=node).values_list("last_heartbeat_at", flat=True).first()
         return value.timestamp() if value else None
 
     def seen_all(self) -> dict[str, float]:
+        from .models import Node
         return {
             name: seen.timestamp()
             for name, seen in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at")
@@ -241,9 +246,11 @@ class DatabaseLiveness:
         pass
 
     def mark_listener_alive(self, at: float) -> None:
+        from .models import ControlPlaneClock
         ControlPlaneClock.objects.update_or_create(pk=1, defaults={"listener_alive_at": _aware(at)})
 
     def listener_alive_at(self) -> float | None:
+        from .models import ControlPlaneClock
         clock = ControlPlaneClock.objects.filter(pk=1).first()
         return clock.listener_alive_at.timestamp() if clock and clock.listener_alive_at else None
 
