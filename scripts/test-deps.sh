@@ -26,7 +26,8 @@ if [ ! -x "$SSHD" ]; then
   apt_install openssh-server
 fi
 if ! id "$SSH_TEST_USER" >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  useradd --system --no-create-home --home-dir /nonexistent --shell /bin/bash "$SSH_TEST_USER"
+  # '*': no password, yet not locked (sshd refuses a locked account even a key).
+  useradd --system --no-create-home --home-dir /nonexistent --shell /bin/bash --password '*' "$SSH_TEST_USER"
 fi
 
 if [ ! -x "$CHROMIUM" ]; then
