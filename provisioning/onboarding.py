@@ -119,8 +119,9 @@ def onboard_request_check(data: dict[str, Any]) -> dict[str, Any]:
     root = _absolute(errors, "root", data.get("root"), "/")
     clean["root"] = root
     base = PurePosixPath(root)
-    clean["etc_dir"] = _absolute(errors, "etc_dir", data.get("etc_dir"), str(base / "etc/llmgw"))
-    clean["unit_dir"] = _absolute(errors, "unit_dir", data.get("unit_dir"), str(base / "etc/systemd/system"))
+    for field, default in (("etc_dir", base / "etc/llmgw"), ("unit_dir", base / "etc/systemd/system")):
+        given = data.get(field)
+        clean[field] = _absolute(errors, field, given, "") if given else str(default)
     if errors:
         raise RequestInvalid(errors)
     return clean
