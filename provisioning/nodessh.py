@@ -8,12 +8,17 @@ use: no known_hosts file, and never ``known_hosts=None``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 from dataclasses import dataclass
 
 import asyncssh
 
 from . import sshkeys
+
+# asyncssh logs every channel at INFO, commands included: a line per command
+# of every job would drown the worker's log.
+logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 CONNECT_TIMEOUT = 20.0
 COMMAND_TIMEOUT = 300.0

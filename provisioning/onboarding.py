@@ -165,7 +165,8 @@ def onboard_after_provision(job: Job) -> None:
     request = job.params.get("onboard")
     if request is None:
         return
-    request = {"ssh_user": job.hypervisor.ciuser if job.hypervisor else "", **request,
+    request = {"ssh_user": job.hypervisor.ciuser if job.hypervisor else "",
+               "ssh_port": settings.LLMGW_PROVISION_SSH_PORT, **request,
                "node": job.node_name, "addr": job.params["ip"].split("/")[0]}
     try:
         follow = job_onboard_create(request=request, user=job.created_by)

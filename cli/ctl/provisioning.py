@@ -94,6 +94,9 @@ def onboard_flags(parser) -> None:
     parser.add_argument("--nvidia-smi", default="", help="path of nvidia-smi on the node (default: on PATH)")
     parser.add_argument("--ib-root", default="", help="default /sys/class/infiniband")
     parser.add_argument("--skip-gpus", action="store_true", help="a node without GPUs")
+    parser.add_argument("--root", default="", help="install under this root on the node (default /)")
+    parser.add_argument("--etc-dir", default="", help="default ROOT/etc/llmgw")
+    parser.add_argument("--unit-dir", default="", help="default ROOT/etc/systemd/system")
 
 
 def onboard_body(args) -> dict:
