@@ -60,3 +60,35 @@ def cert_matches_key(cert_path: Path, key: ec.EllipticCurvePrivateKey) -> bool:
     except (OSError, ValueError):
         return False
     return cert.public_key().public_numbers() == key.public_key().public_numbers()
+
+
+def cert_window(cert_path: Path) -> tuple[float, float]:
+    """(not_before, not_after) of the certificate, as Unix times."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    return cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp()
+
+
+def renewal_due(cert_path: Path, now: float) -> bool:
+    """Two thirds of the certificate's lifetime have passed."""
+    try:
+        start, end = cert_window(cert_path)
+    except (OSError, ValueError):
+        return False
+    return now >= start + (end - start) * 2 / 3
+
+
+def identity_replace(*, key_path: Path, cert_path: Path, key: ec.EllipticCurvePrivateKey, cert_pem: bytes) -> None:
+    """Put a new key and its certificate in place of the old pair: both
+    written beside their targets first, then renamed, key first."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    if cert.public_key().public_numbers() != key.public_key().public_numbers():
+        raise IdentityError("the certificate the control plane sent is not for the key made here")
+    new_key = key_path.with_name(key_path.name + ".new")
+    key_ensure(new_key, fresh=True)  # 0600 before the real key is written into it
+    new_key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    new_cert = cert_path.with_name(cert_path.name + ".new")
+    new_cert.write_bytes(cert_pem)
+    os.chmod(new_cert, 0o644)
+    os.replace(new_key, key_path)
+    os.replace(new_cert, cert_path)

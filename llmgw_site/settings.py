@@ -209,6 +209,11 @@ LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)
 # Node certificates signed from a node's own request (onboarding, rotation):
 # short-lived; the agent renews at two thirds of the lifetime.
 LLMGW_NODE_CERT_DAYS = env.int("LLMGW_NODE_CERT_DAYS", default=30)
+# A lifetime in seconds instead (above zero): for trying rotation out.
+LLMGW_NODE_CERT_SECONDS = env.int("LLMGW_NODE_CERT_SECONDS", default=0)
+# An Event warns when a live node certificate is this close to expiring and
+# nothing has renewed it.
+LLMGW_CERT_WARN_DAYS = env.float("LLMGW_CERT_WARN_DAYS", default=7.0)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
 

@@ -22,6 +22,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from nodes.choices import EventKind, EventSeverity
+from nodes.events import event_record
+
 from .choices import CertificateKind
 from .models import Certificate
 from .names import validate_node_id
@@ -175,6 +178,7 @@ def _build(
     sans: list[x509.GeneralName],
     lifetime: dt.timedelta,
     not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
 ) -> tuple[x509.Certificate, bytes]:
     ca_cert, ca_key, ca_pem = _ca()
     start = not_before or dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
@@ -185,7 +189,7 @@ def _build(
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
-        .not_valid_after(start + lifetime)
+        .not_valid_after(not_after or start + lifetime)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -303,8 +307,9 @@ def _serial_key(target: str) -> str:
     return target
 
 
-def cert_revoke(*, target: str, reason: str = "") -> list[Certificate]:
-    """Revoke by serial (hex) or by node id (every live client certificate of it)."""
+def cert_revoke(*, target: str, reason: str = "", by: str = "") -> list[Certificate]:
+    """Revoke by serial (hex) or by node id (every live client certificate of it).
+    Each revocation is an Event naming who revoked what."""
     now = timezone.now()
     serial = _serial_key(target)
     with transaction.atomic():
@@ -331,4 +336,11 @@ def cert_revoke(*, target: str, reason: str = "") -> list[Certificate]:
             row.revocation_reason = reason
             row.save(update_fields=["revoked_at", "revocation_reason"])
             logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
+            event_record(
+                kind=EventKind.CONTROL_PLANE, severity=EventSeverity.WARNING,
+                subject=f"node/{row.common_name}" if row.kind == CertificateKind.CLIENT else f"certificate/{row.serial}",
+                message=f"{row.kind} certificate {row.serial} of {row.common_name} revoked by {by or 'an unnamed operator'}"
+                        + (f": {reason}" if reason else ""),
+                data={"serial": row.serial, "by": by, "reason": reason},
+            )
     return rows

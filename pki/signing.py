@@ -72,7 +72,7 @@ def cert_sign_node(
         raise PkiError(f"the request is for CN {cn!r}, not {node_id!r}: a node's certificate names the node itself")
     key = csr.public_key()
     if lifetime is None:
-        lifetime = dt.timedelta(days=settings.LLMGW_NODE_CERT_DAYS if days is None else days)
+        lifetime = node_cert_lifetime() if days is None else dt.timedelta(days=days)
     if lifetime <= dt.timedelta(0):
         raise PkiError("a certificate's lifetime must be positive")
     _ca_cert, _ca_key, ca_pem = _ca()
@@ -83,10 +83,19 @@ def cert_sign_node(
         for row in live:
             if _same_key(row, key):
                 return Signed(row, row.pem.encode(), ca_pem, new=False)
+        now = dt.datetime.now(dt.timezone.utc)
+        # Valid a little before now (clocks differ; onboarding's preflight
+        # bounds them to a minute), and for the whole lifetime from now.
+        backdate = min(dt.timedelta(minutes=5), lifetime / 10)
         cert, ca_pem = _build(common_name=node_id, public_key=key, usage=ExtendedKeyUsageOID.CLIENT_AUTH,
                               sans=[x509.DNSName(node_id)], lifetime=lifetime,
-                              # Clocks differ by seconds; the job's preflight bounds them to a minute.
-                              not_before=dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5))
+                              not_before=now - backdate, not_after=now + lifetime)
         row = _record(cert, kind=CertificateKind.CLIENT, sans=[node_id])
     logger.info("pki node certificate signed node=%s serial=%s until=%s", node_id, row.serial, row.not_after)
     return Signed(row, cert.public_bytes(serialization.Encoding.PEM), ca_pem, new=True)
+
+
+def node_cert_lifetime() -> dt.timedelta:
+    seconds = settings.LLMGW_NODE_CERT_SECONDS
+    return dt.timedelta(seconds=seconds) if seconds > 0 else dt.timedelta(days=settings.LLMGW_NODE_CERT_DAYS)
+

@@ -7,6 +7,7 @@ inside each command, once ``_pki`` has set Django up (see ``cli/env.py``).
 
 from __future__ import annotations
 
+import getpass
 from pathlib import Path
 
 from ..env import ensure_migrated, setup_django
@@ -154,7 +155,7 @@ def _list(args) -> int:
 def _revoke(args) -> int:
     services = _pki(args)
     try:
-        rows = services.cert_revoke(target=args.target, reason=args.reason)
+        rows = services.cert_revoke(target=args.target, reason=args.reason, by=f"{getpass.getuser()} (llmgw ctl)")
     except services.PkiError as exc:
         raise CtlError(str(exc)) from exc
     for row in rows:
