@@ -46,10 +46,11 @@ def _recreate_database(server: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=20)
-    parser.add_argument("--concurrency", type=int, default=4, help="worker threads (4)")
+    parser.add_argument("--concurrency", type=int, default=4, help="worker threads or processes (4)")
+    parser.add_argument("--pool", default="threads", choices=["threads", "prefork"], help="the worker's pool")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
-    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-onboard-bench-"))
@@ -98,7 +99,7 @@ def main() -> int:
         env=dict(os.environ), cwd=REPO, stdout=open(base / "agent-api.log", "wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "llmgw_site", "worker", "--pool", "threads", "--concurrency",
+        [sys.executable, "-m", "celery", "-A", "llmgw_site", "worker", "--pool", args.pool, "--concurrency",
          str(args.concurrency), "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
         env=dict(os.environ), cwd=REPO, stdout=open(base / "worker.log", "wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -135,7 +136,7 @@ def main() -> int:
     durations = defaultdict(list)
     for step in Step.objects.filter(job_id__in=ids).exclude(started_at=None).exclude(finished_at=None):
         durations[step.title].append(((step.finished_at - step.started_at).total_seconds(), step.job.node_name))
-    print(f"nodes: {len(ids)}, worker threads: {args.concurrency}")
+    print(f"nodes: {len(ids)}, worker pool: {args.pool} x {args.concurrency}")
     print(f"all ready in {wall:.1f} s: jobs {dict(statuses)}, nodes heartbeating {heartbeating}, "
           f"wheel builds {len(builds)}")
     for title, values in durations.items():
