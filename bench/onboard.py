@@ -47,7 +47,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=4, help="worker threads or processes (4)")
-    parser.add_argument("--pool", default="threads", choices=["threads", "prefork"], help="the worker's pool")
+    parser.add_argument("--pool", default="prefork", choices=["threads", "prefork"], help="the worker's pool")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--timeout", type=float, default=300)
