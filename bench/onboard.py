@@ -125,7 +125,7 @@ def main() -> int:
         wall = time.monotonic() - started
     finally:
         for machine in machines:
-            machine.stop()
+            machine.remove()
         for proc in (worker, api):
             proc.terminate()
             proc.wait(20)

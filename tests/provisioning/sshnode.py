@@ -9,6 +9,7 @@ output, and ``update-ca-certificates`` records that it ran.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -149,6 +150,11 @@ class SshNode:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=10)
+
+    def remove(self) -> None:
+        """Stop, and remove the node's directory tree (made outside pytest's tmp_path)."""
+        self.stop()
+        shutil.rmtree(self.root.parent, ignore_errors=True)
 
 
 def node_root(prefix: str) -> Path:

@@ -53,7 +53,7 @@ def ssh_nodes():
 
     yield make
     for node in made:
-        node.stop()
+        node.remove()
 
 
 def request_for(node: SshNode, agent_api, **overrides) -> dict:

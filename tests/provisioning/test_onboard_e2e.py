@@ -81,7 +81,7 @@ def machine(plane):
 
     yield make
     for node in made:
-        node.stop()
+        node.remove()
 
 
 def test_ctl_onboard_wait_with_a_confirmed_fingerprint(plane, machine):
