@@ -26,7 +26,7 @@ TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
 TEST_CMD := $(TEST_ENV) $(PY) -m pytest
 
-.PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats clean
+.PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats agent-wheel bench-onboard clean
 # A bare `make` only prepares .venv (the files in mk/ define targets first).
 .DEFAULT_GOAL := venv
 
@@ -77,6 +77,16 @@ prod-check: services
 # `make bench-heartbeats BENCH_HEARTBEATS_ARGS="--nodes 5000"`
 bench-heartbeats: $(DEV_STAMP) services
 	$(TEST_ENV) $(PY) bench/heartbeats.py $(BENCH_HEARTBEATS_ARGS)
+
+# The node agent as its own distribution (llmgw-agent) and the wheels it
+# depends on, for nodes without internet: var/agent-wheels/<digest>/, built
+# once per version of agent/ (the onboarding job builds the same on demand).
+agent-wheel: $(RUN_STAMP)
+	$(PY) -m provisioning.agentwheel var/agent-wheels
+
+# `make bench-onboard BENCH_ONBOARD_ARGS="--nodes 20"`: onboarding over real sshd.
+bench-onboard: $(DEV_STAMP) services
+	$(PY) bench/onboard.py $(BENCH_ONBOARD_ARGS)
 
 clean:
 	rm -rf $(VENV) var

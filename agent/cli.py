@@ -1,6 +1,8 @@
 """``llmgw agent ...`` and ``llmgw sim ...``: the node side of the command line.
 
     llmgw agent --config /etc/llmgw/agent.yaml [--check]
+    llmgw-agent run|check-config [--config FILE]          (the agent's own distribution)
+    llmgw-agent csr --node NODE --key FILE [--fresh]      (a key made here, a request on stdout)
     llmgw sim node-kit NODE --dir DIR [--gpus 8] [--fabric ib-a:mlx5_0,mlx5_1] [--addr 127.0.1.1] ...
     llmgw sim engine --rank R --nnodes N --rendezvous HOST:PORT ...   (= python -m agent.engines.sim)
 
@@ -31,6 +33,49 @@ def main(argv: list[str]) -> int:
         return sim_main(rest)
     print("usage: llmgw agent --config FILE | llmgw sim {node-kit,engine} ...", file=sys.stderr)
     return 2
+
+
+# --- llmgw-agent (the agent's own distribution) -----------------------------------------
+
+
+def agent_command(argv: list[str] | None = None) -> int | None:
+    """The ``llmgw-agent`` console script installed on nodes."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0].startswith("-"):
+        return agent_main(argv)
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        return agent_main(rest)
+    if command == "check-config":
+        return agent_main([*rest, "--check"])
+    if command == "csr":
+        return csr_main(rest)
+    if command == "version":
+        from . import __version__
+
+        print(__version__)
+        return 0
+    print("usage: llmgw-agent {run,check-config,csr,version} ...", file=sys.stderr)
+    return 2
+
+
+def csr_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="llmgw-agent csr",
+        description="make this node's key (P-256, 0600) if missing and print a certificate request for it")
+    parser.add_argument("--node", required=True, help="the node id: the certificate's CN")
+    parser.add_argument("--key", required=True, help="the private key's path (kept if it exists)")
+    parser.add_argument("--fresh", action="store_true", help="make a new key even if one exists")
+    args = parser.parse_args(argv)
+    from .identity import IdentityError, csr_make, key_ensure
+
+    try:
+        key = key_ensure(Path(args.key), fresh=args.fresh)
+        sys.stdout.write(csr_make(node_id=args.node, key=key).decode())
+    except (IdentityError, OSError, ValueError) as exc:
+        print(f"llmgw-agent csr: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # --- llmgw agent ----------------------------------------------------------------------

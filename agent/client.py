@@ -17,8 +17,11 @@ import random
 import ssl
 
 import httpx
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from .config import AgentConfig
+from .identity import csr_make, identity_replace
 from .protocol import DesiredState, Heartbeat, HeartbeatReply, node_path
 
 logger = logging.getLogger(__name__)
@@ -115,6 +118,31 @@ class ControlPlaneClient:
             return DesiredState.from_dict(response.json())
         except (ValueError, KeyError, TypeError) as exc:
             raise ServerError(f"the desired state does not parse: {exc}") from exc
+
+    def renew_certificate(self, config: AgentConfig) -> str:
+        """A new identity over the current one, before it expires: a fresh key
+        made here, a request for the same CN sent over mTLS, the certificate
+        written beside the key, and new connections made with it. Engines are
+        not touched. Returns the new certificate's serial (hex)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        response = self._send(self._heartbeats, "POST", f"{self.base}/certificate",
+                              json={"csr": csr_make(node_id=self.node_id, key=key).decode()})
+        self._raise_for_status(response)
+        try:
+            cert_pem = str(response.json()["certificate"]).encode()
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServerError(f"the certificate reply does not parse: {exc}") from exc
+        identity_replace(key_path=config.tls.key, cert_path=config.tls.cert, key=key, cert_pem=cert_pem)
+        old = (self._heartbeats, self._polls)
+        context = tls_context(config)
+        timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
+        self._heartbeats = httpx.Client(verify=context, timeout=timeout, trust_env=False)
+        self._polls = httpx.Client(verify=context, timeout=timeout, trust_env=False)
+        for client in old:
+            # A long-poll parked on the old connection ends with an error and
+            # is asked again over the new identity.
+            client.close()
+        return format(x509.load_pem_x509_certificate(cert_pem).serial_number, "x")
 
     def close(self) -> None:
         self._heartbeats.close()

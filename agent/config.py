@@ -13,6 +13,7 @@ import difflib
 import os
 import shutil
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from .durations import BadDuration, parse_duration
+from .identity import cert_window
 from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
 
 CONFIG_EXIT_STATUS = 2
@@ -266,6 +268,23 @@ def _check_tls_loads(r: _Reader, tls: TlsConfig) -> None:
     except (ssl.SSLError, OSError) as exc:
         r.error("tls.key", f"{tls.cert} and {tls.key} do not load as a certificate and its key ({exc}); "
                 "they must be the pair issued together for this node")
+        return
+    expired = certificate_expired(tls.cert)
+    if expired:
+        r.error("tls.cert", expired)
+
+
+def certificate_expired(cert: Path, now: float | None = None) -> str:
+    """Why the certificate can no longer be used ('' while it can)."""
+    try:
+        _start, end = cert_window(cert)
+    except (OSError, ValueError):
+        return ""
+    if (time.time() if now is None else now) < end:
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(end))
+    return (f"{cert} expired at {when}: the control plane refuses it and nothing here can renew it. "
+            "Re-onboard this node: llmgw ctl onboard NODE --addr ADDRESS --reinstall")
 
 
 def _read_discovery(r: _Reader, value: Any) -> DiscoveryConfig:

@@ -26,8 +26,9 @@ from . import __version__
 from .client import (
     Backoff, ControlPlaneClient, ControlPlaneError, LinkLog, NoLongPoll, Refused, Rejected, Unavailable,
 )
-from .config import AgentConfig
+from .config import AgentConfig, certificate_expired
 from .discovery import Inventory, discover
+from .identity import IdentityError, renewal_due
 from .protocol import DesiredState, FabricMembership, Heartbeat
 from .supervisor import Supervisor
 
@@ -135,6 +136,7 @@ class Agent:
         self.config = config
         self.supervisor = Supervisor(config.supervisor)
         self.client = client or ControlPlaneClient(config)
+        self._said_expired = False
         self.desired = DesiredHolder()
         self.inventory: Inventory = discover(config)
         self.link = LinkLog(config.server)
@@ -256,6 +258,7 @@ class Agent:
             except ControlPlaneError as exc:
                 self.connected.clear()
                 backoff.ceiling = self.reconnect.value
+                self._say_if_expired()
                 delay = backoff.next()
                 self.link.failed(exc, retry_in=delay)
                 self.stopping.wait(delay)
@@ -271,8 +274,30 @@ class Agent:
                 interval = min(self.config.heartbeat_interval, reply.heartbeat_interval)
             self.reconnect.tell(reply.reconnect_max)
             self.desired.offer(reply.desired, asked_with=asked_with)
+            self._renew_if_due()
             self.report_now.wait(max(0.0, interval - (time.monotonic() - started)))
             self.stopping.wait(MIN_HEARTBEAT_GAP)
+
+    def _say_if_expired(self) -> None:
+        expired = certificate_expired(self.config.tls.cert)
+        if expired and not self._said_expired:
+            logger.error("%s", expired)
+        self._said_expired = bool(expired)
+
+    def _renew_if_due(self) -> None:
+        """At two thirds of the certificate's lifetime, ask for the next one."""
+        if not renewal_due(self.config.tls.cert, time.time()):
+            return
+        expired = certificate_expired(self.config.tls.cert)
+        if expired:
+            logger.error("%s", expired)
+            return
+        try:
+            serial = self.client.renew_certificate(self.config)
+        except (ControlPlaneError, IdentityError, OSError) as exc:
+            logger.warning("certificate renewal failed (%s); trying again at the next heartbeat", exc)
+            return
+        logger.info("certificate renewed: now serial %s (engines untouched)", serial)
 
     # --- desired-state long-poll -------------------------------------------------------
 

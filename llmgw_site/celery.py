@@ -34,4 +34,10 @@ def _beat_schedule(sender, **_kwargs):
             "schedule": settings.LLMGW_PROVISION_SWEEP_INTERVAL,
             "options": {"expires": settings.LLMGW_PROVISION_SWEEP_INTERVAL},
         },
+        # A week's notice of a node certificate that nothing renewed (hourly is plenty).
+        "pki-warn-expiring": {
+            "task": "nodes.tasks.certs_warn_expiring",
+            "schedule": 3600.0,
+            "options": {"expires": 3600.0},
+        },
     }

@@ -239,6 +239,14 @@ LLMGW_AGENT_RECONNECT_MAX = env.float("LLMGW_AGENT_RECONNECT_MAX", default=0.0)
 LLMGW_MAX_HEARTBEAT_BYTES = env.int("LLMGW_MAX_HEARTBEAT_BYTES", default=256 * 1024)
 LLMGW_REVOCATION_CACHE_SECONDS = env.float("LLMGW_REVOCATION_CACHE_SECONDS", default=1.0)
 LLMGW_CERT_DAYS = env.int("LLMGW_CERT_DAYS", default=365)
+# Node certificates signed from a node's own request (onboarding, rotation):
+# short-lived; the agent renews at two thirds of the lifetime.
+LLMGW_NODE_CERT_DAYS = env.int("LLMGW_NODE_CERT_DAYS", default=30)
+# A lifetime in seconds instead (above zero): for trying rotation out.
+LLMGW_NODE_CERT_SECONDS = env.int("LLMGW_NODE_CERT_SECONDS", default=0)
+# An Event warns when a live node certificate is this close to expiring and
+# nothing has renewed it.
+LLMGW_CERT_WARN_DAYS = env.float("LLMGW_CERT_WARN_DAYS", default=7.0)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
 
@@ -350,6 +358,11 @@ LLMGW_PROVISION_POLL_MAX = env.float("LLMGW_PROVISION_POLL_MAX", default=10.0)
 LLMGW_PROVISION_LEASE = env.float("LLMGW_PROVISION_LEASE", default=300.0)
 # A job whose next advance is this late is enqueued again by the sweep.
 LLMGW_PROVISION_STALL_GRACE = env.float("LLMGW_PROVISION_STALL_GRACE", default=30.0)
+# Onboarding: the agent API's address as nodes reach it (written into their
+# agent.yaml), and how long to wait for a new node's first heartbeat.
+LLMGW_AGENT_SERVER = env.str("LLMGW_AGENT_SERVER", default="https://127.0.0.1:7443")
+LLMGW_ONBOARD_HEARTBEAT_DEADLINE = env.float("LLMGW_ONBOARD_HEARTBEAT_DEADLINE", default=120.0)
+LLMGW_ONBOARD_CLOCK_SKEW = env.float("LLMGW_ONBOARD_CLOCK_SKEW", default=60.0)
 LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)
 
 # --- settings that must work together ------------------------------------------

@@ -162,17 +162,32 @@ def _issue(
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, bytes]:
     if days < 1:
         raise PkiError(f"a certificate must be valid for at least one day, not {days}")
-    ca_cert, ca_key, ca_pem = _ca()
     key = ec.generate_private_key(ec.SECP256R1())
+    cert, ca_pem = _build(common_name=common_name, public_key=key.public_key(), usage=usage, sans=sans,
+                          lifetime=dt.timedelta(days=days), not_before=not_before)
+    return cert, key, ca_pem
+
+
+def _build(
+    *,
+    common_name: str,
+    public_key,
+    usage: x509.ObjectIdentifier,
+    sans: list[x509.GeneralName],
+    lifetime: dt.timedelta,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> tuple[x509.Certificate, bytes]:
+    ca_cert, ca_key, ca_pem = _ca()
     start = not_before or dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
-        .not_valid_after(start + dt.timedelta(days=days))
+        .not_valid_after(not_after or start + lifetime)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -195,8 +210,7 @@ def _issue(
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    return cert, key, ca_pem
+    return builder.sign(ca_key, hashes.SHA256()), ca_pem
 
 
 def cert_issue_client(

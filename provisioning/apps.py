@@ -5,6 +5,8 @@ class ProvisioningConfig(AppConfig):
     name = "provisioning"
 
     def ready(self) -> None:
-        from . import stepkit, steps
+        from . import onboard_finish, onboarding, stepkit, steps
 
-        stepkit.kind_register(kind=steps.KIND, steps=steps.PROVISION_STEPS)
+        stepkit.kind_register(kind=steps.KIND, steps=steps.PROVISION_STEPS,
+                              on_success=onboarding.onboard_after_provision)
+        stepkit.kind_register(kind=onboard_finish.KIND, steps=onboard_finish.ONBOARD_STEPS)

@@ -3,6 +3,7 @@ from django.db import models
 
 class JobKind(models.TextChoices):
     PROVISION = "provision"
+    ONBOARD = "onboard"
 
 
 class JobStatus(models.TextChoices):

@@ -72,7 +72,8 @@ def _advance_one(*, job_id: int, owner: str) -> bool:
         services.job_transition(job_id=job_id, to=JobStatus.RUNNING, expected=JobStatus.QUEUED)
     step = job.steps.exclude(status__in=STEP_FINISHED).order_by("index").first()
     if step is None:
-        services.job_transition(job_id=job_id, to=JobStatus.SUCCEEDED, expected=JobStatus.RUNNING)
+        if services.job_transition(job_id=job_id, to=JobStatus.SUCCEEDED, expected=JobStatus.RUNNING):
+            stepkit.kind_followup(job)
         return False
     if step.status == StepStatus.PENDING:
         with transaction.atomic():

@@ -19,6 +19,7 @@ from . import queue, stepkit
 from .choices import ACTIVE, JOB_TRANSITIONS, STEP_TRANSITIONS, JobKind, JobStatus, StepStatus
 from .exceptions import InvalidJobTransition, JobNotFound, StepFailed
 from .models import Hypervisor, Job, Step
+from .onboarding import onboard_request_check
 from .proxmox import Proxmox, ProxmoxError, needed_privileges
 from .validation import RequestInvalid, hypervisor_fields_check, provision_request_check
 from .vault import secret_encrypt
@@ -168,6 +169,11 @@ def job_provision_create(*, request: dict[str, Any], user=None) -> Job:
     clean = provision_request_check(request)
     hypervisor = Hypervisor.objects.get(name=clean.pop("hypervisor"))
     node = clean.pop("node")
+    if request.get("onboard") is not None:
+        # Checked now, so that a bad onboarding request is refused before a VM is made.
+        onboard = dict(request["onboard"])
+        onboard_request_check({**onboard, "node": node, "addr": clean["ip"].split("/")[0]})
+        clean["onboard"] = onboard
     try:
         with transaction.atomic():
             job = Job.objects.create(

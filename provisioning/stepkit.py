@@ -68,10 +68,20 @@ class StepSpec:
 
 
 _KINDS: dict[str, list[StepSpec]] = {}
+_FOLLOWUPS: dict[str, Callable[[Any], None]] = {}
 
 
-def kind_register(*, kind: str, steps: list[StepSpec]) -> None:
+def kind_register(*, kind: str, steps: list[StepSpec], on_success: Callable[[Any], None] | None = None) -> None:
+    """on_success(job) runs once the job has succeeded (provisioning chains onboarding so)."""
     _KINDS[kind] = list(steps)
+    if on_success is not None:
+        _FOLLOWUPS[kind] = on_success
+
+
+def kind_followup(job) -> None:
+    followup = _FOLLOWUPS.get(job.kind)
+    if followup is not None:
+        followup(job)
 
 
 def kind_steps(kind: str) -> list[StepSpec]:

@@ -7,6 +7,7 @@ inside each command, once ``_pki`` has set Django up (see ``cli/env.py``).
 
 from __future__ import annotations
 
+import getpass
 from pathlib import Path
 
 from ..env import ensure_migrated, setup_django
@@ -25,6 +26,13 @@ def register(ctl_sub) -> None:
     client.add_argument("--out", required=True, help="directory for NODE.pem, NODE-key.pem and ca.pem")
     client.add_argument("--days", type=int)
     client.set_defaults(func=_issue_client)
+    sign = cert_sub.add_parser(
+        "sign", help="sign a node's certificate request (its key stays on the node): CN must be NODE")
+    sign.add_argument("node")
+    sign.add_argument("--csr", required=True, help="the request, PEM ('-': stdin), e.g. from 'llmgw-agent csr'")
+    sign.add_argument("--out", help="directory for NODE.pem and ca.pem (default: the certificate on stdout)")
+    sign.add_argument("--days", type=int, help="lifetime (default $LLMGW_NODE_CERT_DAYS, 30)")
+    sign.set_defaults(func=_sign)
     server = cert_sub.add_parser("issue-server", help="a server certificate with subject alternative names")
     server.add_argument("--host", action="append", default=[], help="DNS name (repeatable)")
     server.add_argument("--ip", action="append", default=[], help="IP address (repeatable)")
@@ -86,6 +94,35 @@ def _issue_client(args) -> int:
     return 0
 
 
+def _sign(args) -> int:
+    services = _pki(args)
+    import sys
+
+    from pki.signing import cert_sign_node
+
+    try:
+        csr = sys.stdin.read() if args.csr == "-" else Path(args.csr).read_text()
+    except OSError as exc:
+        raise CtlError(f"cannot read the request {args.csr}: {exc.strerror}") from exc
+    try:
+        signed = cert_sign_node(node_id=args.node, csr_pem=csr, days=args.days)
+    except services.PkiError as exc:
+        raise CtlError(str(exc)) from exc
+    what = "signed" if signed.new else "already signed (this key's live certificate)"
+    note = f"{what} {args.node} serial {signed.row.serial}, valid until {signed.row.not_after:%Y-%m-%d %H:%M} UTC"
+    if not args.out:
+        sys.stdout.write(signed.cert_pem.decode())
+        print(note, file=sys.stderr)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.node}.pem").write_bytes(signed.cert_pem)
+    (out / "ca.pem").write_bytes(signed.ca_pem)
+    print(note)
+    print(f"  cert {out / (args.node + '.pem')}\n  ca   {out / 'ca.pem'}")
+    return 0
+
+
 def _issue_server(args) -> int:
     services = _pki(args)
     if not args.out and not args.install:
@@ -118,7 +155,7 @@ def _list(args) -> int:
 def _revoke(args) -> int:
     services = _pki(args)
     try:
-        rows = services.cert_revoke(target=args.target, reason=args.reason)
+        rows = services.cert_revoke(target=args.target, reason=args.reason, actor=f"{getpass.getuser()} (llmgw ctl)")
     except services.PkiError as exc:
         raise CtlError(str(exc)) from exc
     for row in rows:

@@ -52,6 +52,8 @@ def register(ctl_sub) -> None:
     prov.add_argument("--memory", type=int, default=65536, help="MiB (default 65536)")
     prov.add_argument("--disk", default="200G")
     prov.add_argument("--nameserver", default="", help="default: the hypervisor's")
+    prov.add_argument("--onboard", action="store_true", help="then onboard the new VM (a second job)")
+    onboard_flags(prov)
     _wait_flags(prov)
     prov.set_defaults(func=_provision)
 
@@ -80,6 +82,31 @@ def register(ctl_sub) -> None:
 def _wait_flags(parser) -> None:
     parser.add_argument("--wait", action="store_true", help="show the steps as they go; exit non-zero on failure")
     parser.add_argument("--timeout", type=float, default=3600)
+
+
+def onboard_flags(parser) -> None:
+    """The flags ``ctl onboard`` shares with ``ctl provision --onboard``."""
+    parser.add_argument("--ssh-user", default="", help="default root (after provision: the VM's cloud-init user)")
+    parser.add_argument("--fabric", action="append", default=[], metavar="NAME[:HCA,HCA]",
+                        help="a fabric and its HCAs (repeatable); NAME alone means NAME:mlx5_0,mlx5_1; "
+                             "none: an island")
+    parser.add_argument("--mgmt-interface", default="", help="default eth0")
+    parser.add_argument("--nvidia-smi", default="", help="path of nvidia-smi on the node (default: on PATH)")
+    parser.add_argument("--ib-root", default="", help="default /sys/class/infiniband")
+    parser.add_argument("--skip-gpus", action="store_true", help="a node without GPUs")
+    parser.add_argument("--root", default="", help="install under this root on the node (default /)")
+    parser.add_argument("--etc-dir", default="", help="default ROOT/etc/llmgw")
+    parser.add_argument("--unit-dir", default="", help="default ROOT/etc/systemd/system")
+
+
+def onboard_body(args) -> dict:
+    body = {"fabrics": args.fabric, "skip_gpus": args.skip_gpus}
+    for key in ("ssh_user", "mgmt_interface", "nvidia_smi", "ib_root", "ssh_port", "host_key_fingerprint",
+                "reinstall", "agent_server", "root", "etc_dir", "unit_dir"):
+        value = getattr(args, key, None)
+        if value not in (None, ""):
+            body[key] = value
+    return body
 
 
 def _hypervisor_options(parser) -> None:
@@ -168,9 +195,24 @@ def _provision(args) -> int:
         raise CtlError(f"two node ids given ({args.node} and --name {args.name_flag}): a node has one name")
     body = {"node": node, "vmid": args.vmid, "ip": args.ip, "gateway": args.gateway, "hypervisor": args.hypervisor,
             "cores": args.cores, "memory": args.memory, "disk": args.disk, "nameserver": args.nameserver}
+    if args.onboard:
+        body["onboard"] = onboard_body(args)
+    elif args.fabric or args.ssh_user or args.skip_gpus:
+        raise CtlError("--fabric, --ssh-user and --skip-gpus are for onboarding: add --onboard")
     job = api_call("POST", "/api/v1/jobs/provision/", json=body)
-    print(f"job {job['id']}: provision {job['node_name']} on {job['hypervisor']} (VMID {job['params']['vmid']})")
-    return _watch(job["id"], args.timeout) if args.wait else 0
+    print(f"job {job['id']}: provision {job['node_name']} on {job['hypervisor']} (VMID {job['params']['vmid']})"
+          + ("; onboarding follows" if args.onboard else ""))
+    if not args.wait:
+        return 0
+    rc = _watch(job["id"], args.timeout)
+    if rc == 0 and args.onboard:
+        follow = api_call("GET", "/api/v1/jobs/", params={"node": job["node_name"]})
+        onboarding = [j for j in follow if j["kind"] == "onboard"]
+        if not onboarding:
+            raise CtlError("the VM is made but no onboarding job followed; 'llmgw ctl events' says why")
+        print(f"job {onboarding[0]['id']}: onboard {job['node_name']}")
+        rc = _watch(onboarding[0]["id"], args.timeout)
+    return rc
 
 
 def _watch(job_id: int, timeout: float) -> int:

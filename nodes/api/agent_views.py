@@ -19,6 +19,8 @@ from django.views.decorators.http import require_GET, require_POST
 from pki.authn import peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
+from pki.services import PkiError
+from nodes.certificates import cert_renew_node
 
 from .. import outages, selectors
 from ..exceptions import InventoryRejected
@@ -147,6 +149,37 @@ def heartbeat(request, node_id: str):
         logger.warning("agent-api heartbeat rejected node=%s %s", node_id, exc)
         return _error(409, f"{exc}; nothing was stored")
     return JsonResponse(reply)
+
+
+@csrf_exempt
+@require_POST
+def certificate(request, node_id: str):
+    """Rotation: the node's next certificate, asked for over its current one
+    with a request for a fresh key made on the node."""
+    try:
+        validate_node_id(node_id)
+    except InvalidNodeId as exc:
+        return _error(400, str(exc))
+    refusal = authorize_node(request, node_id)
+    if refusal is not None:
+        return refusal
+    body, refusal = _read_body(request)
+    if refusal is not None:
+        return refusal
+    try:
+        payload = json.loads(body)
+        csr = payload["csr"]
+        if not isinstance(csr, str):
+            raise TypeError("csr is not a string")
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as exc:
+        return _error(400, f'the body must be JSON {{"csr": "<PEM request>"}} ({exc})')
+    try:
+        signed = cert_renew_node(node_id=node_id, csr_pem=csr, current_serial=peer_identity(request.META).serial)
+    except PkiError as exc:
+        logger.warning("agent-api certificate renewal refused node=%s: %s", node_id, exc)
+        return _error(400, f"{exc}; nothing was signed")
+    return JsonResponse({"certificate": signed.cert_pem.decode(), "serial": signed.row.serial,
+                         "not_after": signed.row.not_after.isoformat()})
 
 
 @csrf_exempt

@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from .. import sshkeys
 from ..models import Hypervisor, Job, Step
+from ..onboarding import onboard_request_check
 from ..validation import RequestInvalid, hypervisor_fields_check, provision_request_check
 
 
@@ -61,6 +62,9 @@ class ProvisionSerializer(serializers.Serializer):
     memory = serializers.IntegerField(default=65536, help_text="MiB")
     disk = serializers.CharField(default="200G")
     nameserver = serializers.CharField(required=False, allow_blank=True, default="")
+    onboard = serializers.DictField(required=False, allow_null=True, default=None,
+                                    help_text="onboard the VM once it is made: the fields of /jobs/onboard/ "
+                                              "other than node and addr")
 
     def validate(self, attrs):
         return _check(provision_request_check, attrs) and attrs
@@ -85,3 +89,31 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_ssh_host_key_fingerprint(self, job) -> str:
         return sshkeys.fingerprint(job.ssh_host_key)
+
+
+class OnboardSerializer(serializers.Serializer):
+    node = serializers.CharField(help_text="the node id: hostname and certificate CN")
+    addr = serializers.CharField(help_text="where to reach it over SSH (IP or host name)")
+    ssh_user = serializers.CharField(required=False, default="root")
+    ssh_port = serializers.IntegerField(required=False, default=22)
+    fabrics = serializers.ListField(child=serializers.CharField(), required=False, default=list,
+                                    help_text="NAME:HCA,HCA or NAME (= mlx5_0,mlx5_1); none: an island")
+    mgmt_interface = serializers.CharField(required=False, default="eth0")
+    mgmt_addr = serializers.CharField(required=False, allow_blank=True, default="", help_text="default: addr")
+    nvidia_smi = serializers.CharField(required=False, allow_blank=True, default="")
+    ib_root = serializers.CharField(required=False, default="/sys/class/infiniband")
+    skip_gpus = serializers.BooleanField(required=False, default=False)
+    host_key_fingerprint = serializers.CharField(
+        required=False, allow_blank=True, default="",
+        help_text="SHA256:... for a machine llmgw did not create (else the key pinned when it was made)")
+    reinstall = serializers.BooleanField(required=False, default=False,
+                                         help_text="onboard a node that already heartbeats")
+    agent_server = serializers.CharField(required=False, allow_blank=True, default="",
+                                         help_text="the agent API as the node reaches it (default LLMGW_AGENT_SERVER)")
+    root = serializers.CharField(required=False, default="/")
+    etc_dir = serializers.CharField(required=False, allow_blank=True, default="")
+    unit_dir = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate(self, attrs):
+        _check(onboard_request_check, attrs)
+        return attrs

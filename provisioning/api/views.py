@@ -4,11 +4,11 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from .. import selectors, services, sshkeys
+from .. import onboarding, selectors, services, sshkeys
 from ..choices import JobStatus
 from ..validation import RequestInvalid
-from .serializers import (CheckSerializer, HypervisorSerializer, JobSerializer, ProvisionSerializer,
-                          SshKeySerializer)
+from .serializers import (CheckSerializer, HypervisorSerializer, JobSerializer, OnboardSerializer,
+                          ProvisionSerializer, SshKeySerializer)
 
 
 def _service(fn, **kwargs):
@@ -72,7 +72,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     serializer_class = JobSerializer
     permission_model = "provisioning.job"
-    required_permissions = {action: ("provisioning.run_provisioning",) for action in ("provision", "retry", "cancel")}
+    required_permissions = {action: ("provisioning.run_provisioning",) for action in ("provision", "onboard", "retry", "cancel")}
     lookup_value_regex = r"\d+"
 
     def get_queryset(self):
@@ -85,6 +85,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         serializer = ProvisionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         job = _service(services.job_provision_create, request=serializer.validated_data, user=request.user)
+        return Response(JobSerializer(selectors.job_get(job_id=job.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=OnboardSerializer, responses={201: JobSerializer})
+    @action(detail=False, methods=["post"])
+    def onboard(self, request):
+        """Onboard a machine over SSH (needs provisioning.run_provisioning)."""
+        serializer = OnboardSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job = _service(onboarding.job_onboard_create, request=serializer.validated_data, user=request.user)
         return Response(JobSerializer(selectors.job_get(job_id=job.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)

@@ -195,3 +195,22 @@ def test_unreachable_database_is_a_message_not_a_traceback(tmp_path):
     assert proc.returncode == 1
     assert "llmgw: cannot reach the database" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_sign_a_nodes_request_by_hand(ctl, tmp_path):
+    from agent.identity import csr_make, key_ensure
+
+    ctl("init-ca", check_rc=0)
+    key = key_ensure(tmp_path / "node-key.pem")
+    (tmp_path / "node.csr").write_bytes(csr_make(node_id="node07", key=key))
+    signed = ctl("sign", "node07", "--csr", str(tmp_path / "node.csr"), "--out", str(tmp_path / "out"), check_rc=0)
+    assert "signed node07 serial" in signed.stdout
+    cert = x509.load_pem_x509_certificate((tmp_path / "out" / "node07.pem").read_bytes())
+    assert cert.public_key().public_numbers() == key.public_key().public_numbers()
+    assert (tmp_path / "out" / "ca.pem").exists() and not list((tmp_path / "out").glob("*key*"))
+    # The same request again: the same certificate, nothing signed twice.
+    again = ctl("sign", "node07", "--csr", str(tmp_path / "node.csr"), check_rc=0)
+    assert again.stdout.strip() == (tmp_path / "out" / "node07.pem").read_text().strip()
+    assert "already signed" in again.stderr
+    wrong = ctl("sign", "node08", "--csr", str(tmp_path / "node.csr"), check_rc=1)
+    assert "the request is for CN 'node07', not 'node08'" in wrong.stderr

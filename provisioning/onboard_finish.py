@@ -1,0 +1,211 @@
+"""The onboarding job's second half: the node's certificate, agent.yaml, the
+unit, and the first heartbeat (see onboard_steps for the first half).
+
+No database work happens inside an SSH session's coroutine (the ORM is
+synchronous): a step reads the node, decides here, then writes to the node.
+"""
+
+from __future__ import annotations
+
+import re
+import yaml
+from cryptography import x509
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from nodes.models import Node
+from pki.models import Certificate
+from pki.services import CA_CERT, PkiError, pki_dir
+from pki.signing import cert_sign_node, csr_load
+
+from . import nodessh
+from .exceptions import StepFailed
+from .onboard_steps import KIND, UNIT, UNIT_TEMPLATE, _must, _ssh, agent_install, connect, paths, preflight, q
+from .stepkit import Done, Skipped, StepContext, StepSpec, Wait
+
+TRUST = (
+    "if command -v update-ca-certificates >/dev/null 2>&1; then d={root}/usr/local/share/ca-certificates; "
+    "mkdir -p $d && cp {ca} $d/llmgw-ca.crt && update-ca-certificates >/dev/null 2>&1 && echo update-ca-certificates; "
+    "elif command -v update-ca-trust >/dev/null 2>&1; then d={root}/etc/pki/ca-trust/source/anchors; "
+    "mkdir -p $d && cp {ca} $d/llmgw-ca.pem && update-ca-trust extract && echo update-ca-trust; "
+    "else echo none; fi"
+)
+# What the agent logs when the control plane says no (agent/client.py).
+REFUSAL_RE = re.compile(r"control plane (refused this agent|rejected the heartbeat).*")
+
+
+def _live_serial(cert_pem: str) -> str | None:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    except ValueError:
+        return None
+    serial = format(cert.serial_number, "x")
+    live = Certificate.objects.filter(serial=serial, revoked_at=None, not_after__gt=timezone.now()).exists()
+    return serial if live else None
+
+
+def _same_key(cert_pem: str, csr) -> bool:
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    return cert.public_key().public_numbers() == csr.public_key().public_numbers()
+
+
+def certificate(ctx: StepContext):
+    node, p = ctx.job.node_name, paths(ctx.job)
+    ca_pem = (pki_dir() / CA_CERT).read_text()
+
+    async def read(s: nodessh.Session):
+        csr = await s.run(f"mkdir -p {q(str(p.etc))} && {q(str(p.agent))} csr --node {q(node)} --key {q(str(p.key))}")
+        _must(csr, "making the node's key and certificate request (llmgw-agent csr)")
+        held = await s.run(f"cat {q(str(p.cert))} 2>/dev/null; echo '#ca'; cat {q(str(p.ca))} 2>/dev/null; true")
+        return csr.out, held.out
+    got = _ssh(ctx, read)
+    if isinstance(got, Wait):
+        return got
+    csr_text, held = got
+    cert_text, _, ca_text = (part.strip() for part in held.partition("#ca"))
+    try:
+        csr = csr_load(csr_text)
+    except PkiError as exc:
+        raise StepFailed(f"the node's certificate request: {exc}") from None
+    serial = _live_serial(cert_text) if cert_text else None
+    if serial and ca_text == ca_pem.strip() and _same_key(cert_text, csr):
+        cert_pem, what = None, "held"
+    else:
+        try:
+            signed = cert_sign_node(node_id=node, csr_pem=csr_text)
+        except PkiError as exc:
+            raise StepFailed(f"the control plane will not sign the node's request: {exc}") from None
+        cert_pem, serial = signed.cert_pem.decode(), signed.row.serial
+        what = "signed" if signed.new else "signed earlier for this key, sent again"
+
+    async def write(s: nodessh.Session):
+        if cert_pem is not None:
+            _must(await s.write(str(p.cert), cert_pem), "writing the certificate")
+            _must(await s.write(str(p.ca), ca_pem), "writing the CA root")
+        return _must(await s.run(TRUST.format(root=q(str(p.root)), ca=q(str(p.ca)))),
+                     "trusting the CA root system-wide").strip()
+    trust = _ssh(ctx, write)
+    if isinstance(trust, Wait):
+        return trust
+    trusted = "no system trust tool on the node" if trust == "none" else f"root trusted system-wide ({trust})"
+    if what == "held":
+        return Skipped(f"the node's key already holds live certificate {serial}; {trusted}")
+    return Done(f"key made on the node ({p.key}, 0600, never sent); certificate {serial} {what}; {trusted}")
+
+
+def agent_config(job) -> dict:
+    params, p = job.params, paths(job)
+    return {
+        "node_id": job.node_name,
+        "server": params["server"],
+        "tls": {"ca": str(p.ca), "cert": str(p.cert), "key": str(p.key)},
+        "mgmt_addr": params["mgmt_addr"],
+        "mgmt_interface": params["mgmt_interface"],
+        "fabrics": [{"name": f["name"], "hcas": list(f["hcas"])} for f in params["fabrics"]],
+        "discovery": {"nvidia_smi": params["nvidia_smi"], "ib_root": params["ib_root"],
+                      "skip_gpus": params["skip_gpus"]},
+        "supervisor": {"work_dir": str(p.work_dir)},
+    }
+
+
+def configure(ctx: StepContext):
+    p = paths(ctx.job)
+    text = (f"# Written by llmgw onboarding job {ctx.job.pk}; 'llmgw ctl onboard {ctx.job.node_name} --reinstall' "
+            "writes it again.\n" + yaml.safe_dump(agent_config(ctx.job), sort_keys=False))
+
+    async def body(s: nodessh.Session):
+        _must(await s.write(str(p.config), text), "writing agent.yaml")
+        _must(await s.run(f"mkdir -p {q(str(p.work_dir))}"), "making the work directory")
+        return await s.run(f"{q(str(p.agent))} check-config --config {q(str(p.config))}")
+    got = _ssh(ctx, body)
+    if isinstance(got, Wait):
+        return got
+    if got.rc != 0:
+        raise StepFailed(f"the agent refuses its configuration: {got.text()}")
+    return Done(f"{p.config} written and checked by the agent")
+
+
+def unit_text(job) -> str:
+    p = paths(job)
+    text = UNIT_TEMPLATE.read_text()
+    text = re.sub(r"^ExecStart=.*$", f"ExecStart={p.agent} run --config {p.config}", text, flags=re.M)
+    return text
+
+
+def start(ctx: StepContext):
+    p, reinstall = paths(ctx.job), ctx.job.params["reinstall"]
+    text = unit_text(ctx.job)
+
+    async def body(s: nodessh.Session):
+        held = await s.run(f"cat {q(str(p.unit))} 2>/dev/null; true")
+        active = await s.run(f"systemctl is-active {UNIT}")
+        if held.out == text and active.out.strip() == "active" and not reinstall:
+            return None
+        _must(await s.write(str(p.unit), text), "installing the unit")
+        restart = f" && systemctl restart {UNIT}" if reinstall or active.out.strip() == "active" else ""
+        return _must(await s.run(f"systemctl daemon-reload && systemctl enable --now {UNIT}{restart}"),
+                     "systemctl enable --now")
+    got = _ssh(ctx, body)
+    if isinstance(got, Wait):
+        return got
+    if got is None:
+        return Skipped(f"{UNIT} is installed and active")
+    return Done(f"{p.unit} installed; {UNIT} enabled and started")
+
+
+def _inventory(node: Node) -> dict:
+    return {
+        "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in node.gpus.order_by("index")],
+        "hcas": [{"name": h.name, "fabric": h.fabric.name if h.fabric else None, "state": h.state}
+                 for h in node.hcas.select_related("fabric").order_by("name")],
+        "fabrics": sorted(node.fabrics.values_list("name", flat=True)),
+        "status": node.status,
+    }
+
+
+def first_heartbeat(ctx: StepContext):
+    since = ctx.job.steps.get(name="connect").started_at or ctx.job.created_at
+    node = (Node.objects.filter(name=ctx.job.node_name)
+            .filter(Q(registered_at__gte=since) | Q(last_heartbeat_at__gte=since)).first())
+    if node is not None:
+        inventory = _inventory(node)
+        ctx.data["inventory"] = inventory
+        hcas = ", ".join(f"{h['name']} ({h['fabric'] or 'no fabric'})" for h in inventory["hcas"]) or "no HCAs"
+        gpus = inventory["gpus"]
+        return Done(f"{node.name} heartbeats ({node.status}): {len(gpus)} GPU(s)"
+                    + (f" {gpus[0]['name']}" if gpus else "") + f"; {hcas}; fabrics "
+                    + (", ".join(inventory["fabrics"]) or "none (island)"))
+
+    async def body(s: nodessh.Session):
+        active = await s.run(f"systemctl is-active {UNIT}")
+        log = await s.run(f"journalctl -u {UNIT} -n 40 --no-pager -o cat 2>&1; true")
+        return active.out.strip(), log.out
+    got = _ssh(ctx, body)
+    if isinstance(got, Wait):
+        return got
+    active, log = got
+    refusals = [m.group(0) for m in REFUSAL_RE.finditer(log)]
+    if refusals:
+        raise StepFailed(f"the control plane refuses the node: {refusals[-1]}")
+    left = ctx.deadline("heartbeat_until", settings.LLMGW_ONBOARD_HEARTBEAT_DEADLINE)
+    if active not in ("active", "activating") or left <= 0:
+        tail = " | ".join(log.strip().splitlines()[-5:])
+        why = f"the agent is {active or 'not running'}" if left > 0 else (
+            f"no heartbeat within {settings.LLMGW_ONBOARD_HEARTBEAT_DEADLINE:.0f}s")
+        raise StepFailed(f"{why}; its log: {tail or '(empty)'}")
+    note = "" if ctx.data.get("waited") else f"{UNIT} is {active}; waiting for the first heartbeat"
+    ctx.data["waited"] = True
+    return Wait(ctx.backoff("poll", start=settings.LLMGW_PROVISION_POLL_MIN, ceiling=settings.LLMGW_PROVISION_POLL_MAX),
+                note)
+
+
+ONBOARD_STEPS = [
+    StepSpec("connect", "Connect over SSH (pinned host key)", connect),
+    StepSpec("preflight", "Preflight checks", preflight),
+    StepSpec("agent", "Install the agent from the uploaded wheels", agent_install),
+    StepSpec("certificate", "Key on the node, certificate signed, root trusted", certificate),
+    StepSpec("configure", "Write agent.yaml and check it", configure),
+    StepSpec("start", "Install the unit; systemctl enable --now", start),
+    StepSpec("heartbeat", "Wait for the first heartbeat", first_heartbeat),
+]
