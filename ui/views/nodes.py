@@ -13,7 +13,7 @@ from pki import services as pki_services
 from pki.choices import CertificateKind
 from pki.models import Certificate
 from replicas import drain as drain_services
-from replicas.choices import DRAIN_ACTIVE, PLACED
+from replicas.choices import DRAIN_ACTIVE, PLACED, DrainOutcome
 from replicas.models import Drain, GpuAllocation, Member
 
 from ..cluster import replica_colour
@@ -31,6 +31,9 @@ def _node_context(name: str) -> dict:
             "gpu_id", "member__replica_id", "member__replica__model__name")
     }
     drain = Drain.objects.filter(node=node).select_related("current__model").first()
+    outcomes = [] if drain is None else [
+        (int(replica_id), entry) for replica_id, entry in sorted(drain.replicas.items(), key=lambda kv: int(kv[0]))
+    ]
     members = list(
         Member.objects.filter(node=node).exclude(state="gone").select_related("replica__model").order_by("replica_id")
     )
@@ -40,6 +43,7 @@ def _node_context(name: str) -> dict:
         "gpus": [(gpu, holders.get(gpu.id)) for gpu in node.gpus.all()],
         "drain": drain,
         "drain_active": drain is not None and drain.status in DRAIN_ACTIVE,
+        "outcomes": outcomes,
         "members": members,
         "waiting": [m for m in members if m.replica.status in PLACED],
         "drain_percent": 0 if drain is None else round(100 * drain.moved / max(1, drain.moved + drain.remaining)),
@@ -79,6 +83,22 @@ def node_drain(request, name: str):
     drain = drain_services.drain_start(node_name=name, actor=actor(request))
     messages.success(request, f"Draining {name}: {drain.remaining} replica(s) to move, one at a time; "
                               "each replacement is ready before its original stops.")
+    return back(request)
+
+
+@operation("nodes.change_node")
+def node_drain_cancel(request, name: str):
+    active = Drain.objects.filter(node__name=name, status__in=DRAIN_ACTIVE).values_list("pk", flat=True).first()
+    if active is None:
+        messages.error(request, f"{name} has no drain under way: there is nothing to cancel.")
+        return back(request)
+    drain = drain_services.drain_cancel(drain_id=active, actor=actor(request))
+    released = [f"{entry['model']} #{replica_id}" for replica_id, entry in sorted(drain.replicas.items(), key=lambda kv: int(kv[0]))
+                if entry.get("outcome") == DrainOutcome.RELEASED]
+    text = f"Drain of {name} cancelled: {drain.moved} replica(s) moved"
+    if released:
+        text += "; no longer moving, and running on here: " + ", ".join(released)
+    messages.success(request, text + f". {name} stays cordoned; Uncordon puts it back in service.")
     return back(request)
 
 
