@@ -20,6 +20,10 @@ from ..cluster import replica_colour
 from .access import actor, back, operation, viewer
 
 
+def _by_id(item) -> int:
+    return int(item[0])
+
+
 def _node_context(name: str) -> dict:
     node = node_selectors.node_get(name=name)
     if node is None:
@@ -32,7 +36,7 @@ def _node_context(name: str) -> dict:
     }
     drain = Drain.objects.filter(node=node).select_related("current__model").first()
     outcomes = [] if drain is None else [
-        (int(replica_id), entry) for replica_id, entry in sorted(drain.replicas.items(), key=lambda kv: int(kv[0]))
+        (int(replica_id), entry) for replica_id, entry in sorted(drain.replicas.items(), key=_by_id)
     ]
     members = list(
         Member.objects.filter(node=node).exclude(state="gone").select_related("replica__model").order_by("replica_id")
@@ -93,7 +97,7 @@ def node_drain_cancel(request, name: str):
         messages.error(request, f"{name} has no drain under way: there is nothing to cancel.")
         return back(request)
     drain = drain_services.drain_cancel(drain_id=active, actor=actor(request))
-    released = [f"{entry['model']} #{replica_id}" for replica_id, entry in sorted(drain.replicas.items(), key=lambda kv: int(kv[0]))
+    released = [f"{entry['model']} #{replica_id}" for replica_id, entry in sorted(drain.replicas.items(), key=_by_id)
                 if entry.get("outcome") == DrainOutcome.RELEASED]
     text = f"Drain of {name} cancelled: {drain.moved} replica(s) moved"
     if released:
