@@ -255,3 +255,27 @@ def test_provisioning_new_vm_form_names_bad_fields(admin_client_ui, small_cluste
     assert response.status_code == 400
     body = response.content.decode()
     assert "<strong>vmid</strong>: give a whole number" in body and "<strong>ip</strong>: required" in body
+
+
+def test_missing_gpus_and_claims_in_conflict_are_marked(admin_client_ui, small_cluster):
+    from django.utils import timezone
+
+    from nodes.models import Gpu, GpuConflict
+
+    Gpu.objects.filter(node__name="node02", index=3).update(missing_since=timezone.now())
+    claimed = Gpu.objects.get(node__name="node01", index=5)
+    GpuConflict.objects.create(claimant=Node.objects.get(name="node03"), gpu=claimed)
+    body = admin_client_ui.get("/cluster/grid/").content.decode()
+    card = body.split('data-node="node02"')[1].split("</article>")[0]
+    assert "⚠ GPU 3 missing since" in card and card.count(" missing\" title=") == 1
+    assert "; missing since" in card and "llama-70b #" in card.split(" missing\"")[1]  # still held, and says so
+    holder = body.split('data-node="node01"')[1].split("</article>")[0]
+    assert "⚠ GPU 5 also claimed by node03" in holder and 'conflict" title="GPU 5: free; also claimed by node03"' in holder
+    claimant = body.split('data-node="node03"')[1].split("</article>")[0]
+    assert "⚠ claims GPU 5 of node01, which holds it" in claimant
+    assert "missing GPU</span>" in body and "GPU claimed by two nodes</span>" in body  # in the legend
+    page = admin_client_ui.get("/nodes/node01/").content.decode()
+    assert 'id="gpu-conflicts"' in page and claimed.uuid in page and "also claimed by node03" in page
+    assert 'id="gpu-conflicts"' in admin_client_ui.get("/nodes/node03/").content.decode()
+    assert "missing since" in admin_client_ui.get("/nodes/node02/").content.decode()
+    assert 'id="gpu-conflicts"' not in admin_client_ui.get("/nodes/node04/").content.decode()

@@ -4,11 +4,13 @@ the CLI call."""
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import render
 
 from nodes import selectors as node_selectors
 from nodes import services as node_services
+from nodes.models import GpuConflict
 from pki import services as pki_services
 from pki.choices import CertificateKind
 from pki.models import Certificate
@@ -38,16 +40,25 @@ def _node_context(name: str) -> dict:
     outcomes = [] if drain is None else [
         (int(replica_id), entry) for replica_id, entry in sorted(drain.replicas.items(), key=_by_id)
     ]
+    conflicts = list(
+        GpuConflict.objects.filter(Q(claimant=node) | Q(gpu__node=node)).select_related("gpu__node", "claimant")
+        .order_by("since", "pk")
+    )
+    claimed: dict[int, list[str]] = {}
+    for c in conflicts:
+        if c.gpu.node_id == node.pk:
+            claimed.setdefault(c.gpu_id, []).append(c.claimant.name)
     members = list(
         Member.objects.filter(node=node).exclude(state="gone").select_related("replica__model").order_by("replica_id")
     )
     return {
         "node": node,
         "age": node_selectors.age_seconds(seen),
-        "gpus": [(gpu, holders.get(gpu.id)) for gpu in node.gpus.all()],
+        "gpus": [(gpu, holders.get(gpu.id), claimed.get(gpu.id)) for gpu in node.gpus.all()],
         "drain": drain,
         "drain_active": drain is not None and drain.status in DRAIN_ACTIVE,
         "outcomes": outcomes,
+        "conflicts": conflicts,
         "members": members,
         "waiting": [m for m in members if m.replica.status in PLACED],
         "drain_percent": 0 if drain is None else round(100 * drain.moved / max(1, drain.moved + drain.remaining)),
