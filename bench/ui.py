@@ -45,8 +45,7 @@ def main() -> int:
         LLMGW_DATA_DIR=tempfile.mkdtemp(prefix="llmgw-bench-ui-"),
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
     )
-    scheduler_bench.DB_NAME = DB_NAME
-    scheduler_bench._recreate_database(args.pg)
+    scheduler_bench._recreate_database(args.pg, DB_NAME)
     import django
 
     django.setup()

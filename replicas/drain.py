@@ -143,9 +143,10 @@ def _drain_end(drain: Drain, *, reason: str, release: bool = True) -> None:
     reconcile_after_commit()
 
 
-def drain_cancel(*, drain_id: int, reason: str = "cancelled by an operator") -> Drain:
+def drain_cancel(*, drain_id: int, actor: str = "", reason: str = "") -> Drain:
     """End a drain under way; its node stays cordoned (uncordon puts it back
-    in service)."""
+    in service). ``actor`` (who asked) goes into the log and its Event."""
+    reason = reason or f"cancelled by {actor or 'an operator'}"
     node_id = Drain.objects.filter(pk=drain_id).values_list("node_id", flat=True).first()
     if node_id is None:
         raise NotFound(f"no drain {drain_id}; 'llmgw ctl drain NODE' starts one, /api/v1/drains/ lists them")

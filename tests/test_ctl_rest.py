@@ -104,7 +104,7 @@ def test_events(ctl_env, cluster):
 def test_cordon_shows_up_in_events(ctl_env, cluster):
     run("cordon", "node01", env=ctl_env)
     events = json.loads(run("events", "--node", "node01", "-o", "json", env=ctl_env).stdout)
-    assert events[0]["message"] == "ready -> cordoned: cordoned by an operator"
+    assert events[0]["message"] == "ready -> cordoned: cordoned by user admin"  # the token's user
     assert Event.objects.filter(node__name="node01", kind=EventKind.NODE_STATUS).count() == 1
 
 

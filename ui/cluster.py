@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from nodes import liveness
 from nodes.choices import NodeStatus
-from nodes.models import Gpu, Node
+from nodes.models import Gpu, GpuConflict, Node
 from replicas.choices import DRAIN_ACTIVE
 from replicas.models import Drain, GpuAllocation
 
@@ -38,6 +38,7 @@ class NodeCard:
     draining: bool
     other_fabrics: list[str]
     gpus: str = ""  # the cells' HTML, already escaped
+    warnings: list[str] = field(default_factory=list)  # missing GPUs, GPU claims in conflict
     html: SafeString = mark_safe("")
 
 
@@ -123,11 +124,44 @@ def card_html(card: NodeCard, node_url: str) -> SafeString:
         errors = (f'<div class="errors" title="{escape("; ".join(map(str, card.discovery_errors)))}">'
                   f'⚠ {count} discovery error{"s" if count > 1 else ""}: '
                   f'{escape(first[:60] + ("…" if len(first) > 60 else ""))}</div>')
+    for warning in card.warnings:
+        errors += f'<div class="errors">⚠ {escape(warning)}</div>'
     return mark_safe(
         f'<article class="{classes}" data-node="{name}"><header><a href="{node_url}{quote(card.name)}/">{name}</a>'
         f'<span class="badge st-{card.status}">{card.status}</span></header>'
         f'<div class="meta">{"".join(meta)}</div>{errors}<div class="gpus">{card.gpus}</div></article>'
     )
+
+
+def _clock(at: dt.datetime) -> str:
+    return timezone.localtime(at).strftime("%Y-%m-%d %H:%M")
+
+
+def _gpu_warnings() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """GPU claims in conflict: ({node id: its warnings}, {GPU id: the nodes claiming it})."""
+    warnings_of: dict[int, list[str]] = {}
+    claimed_by: dict[int, list[str]] = {}
+    rows = GpuConflict.objects.order_by("since", "pk").values_list(
+        "gpu_id", "gpu__index", "gpu__node_id", "gpu__node__name", "claimant_id", "claimant__name")
+    for gpu_id, index, holder_id, holder, claimant_id, claimant in rows:
+        claimed_by.setdefault(gpu_id, []).append(claimant)
+        warnings_of.setdefault(holder_id, []).append(f"GPU {index} also claimed by {claimant}")
+        warnings_of.setdefault(claimant_id, []).append(f"claims GPU {index} of {holder}, which holds it")
+    return warnings_of, claimed_by
+
+
+def _marked_cell(index: int, held: tuple[int, str] | None, missing_since, claimants: list[str] | None) -> str:
+    """A GPU that is missing or claimed by another node: striped, and its title says so."""
+    colour = "free" if held is None else replica_colour(held[0])
+    title = f"GPU {index}: " + ("free" if held is None else f"{held[1]} #{held[0]}")
+    classes = "gpu " + colour
+    if missing_since is not None:
+        classes += " missing"
+        title += f"; missing since {_clock(missing_since)}"
+    if claimants:
+        classes += " conflict"
+        title += f"; also claimed by {', '.join(claimants)}"
+    return f'<span class="{classes}" title="{escape(title)}"></span>'
 
 
 def replica_colour(replica_id: int) -> str:
@@ -153,20 +187,27 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
             "gpu_id", "member__replica_id", "member__replica__model__name"
         )
     }
+    warnings_of, claimed_by = _gpu_warnings()
     cells_of: dict[int, list[str]] = {}
     legend: dict[int, str] = {}
     held_label: dict[int, str] = {}
-    for gpu_id, node_id, index in Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index"):
+    gpus = Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index", "missing_since")
+    for gpu_id, node_id, index, missing_since in gpus:
         held = holder.get(gpu_id)
-        if held is None:
+        if missing_since is not None or gpu_id in claimed_by:
+            cell = _marked_cell(index, held, missing_since, claimed_by.get(gpu_id))
+        elif held is None:
             cell = f'<span class="gpu free" title="GPU {index}: free"></span>'
         else:
             replica_id, model = held
             label = held_label.get(replica_id)
             if label is None:
-                legend[replica_id] = model
                 label = held_label[replica_id] = f'{replica_colour(replica_id)}" title="{escape(model)} #{replica_id}'
             cell = f'<span class="gpu {label}, GPU {index}"></span>'
+        if held is not None:
+            legend.setdefault(held[0], held[1])
+        if missing_since is not None:
+            warnings_of.setdefault(node_id, []).append(f"GPU {index} missing since {_clock(missing_since)}")
         cells_of.setdefault(node_id, []).append(cell)
 
     columns: dict[str, FabricColumn] = {}
@@ -195,6 +236,7 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
             draining=row["id"] in draining,
             other_fabrics=fabrics[1:],
             gpus="".join(cells_of.get(row["id"], ())),
+            warnings=warnings_of.get(row["id"], []),
         )
         card.html = card_html(card, node_url)
         column.nodes.append(card)

@@ -13,6 +13,7 @@ urlpatterns = [
     path("nodes/<str:name>/cordon/", nodes.node_cordon, name="ui-node-cordon"),
     path("nodes/<str:name>/uncordon/", nodes.node_uncordon, name="ui-node-uncordon"),
     path("nodes/<str:name>/drain/", nodes.node_drain, name="ui-node-drain"),
+    path("nodes/<str:name>/drain/cancel/", nodes.node_drain_cancel, name="ui-node-drain-cancel"),
     path("nodes/<str:name>/revoke/", nodes.node_revoke, name="ui-node-revoke"),
     path("replicas/", replicas.replicas_page, name="ui-replicas"),
     path("replicas/live/", replicas.replicas_live, name="ui-replicas-live"),

@@ -3,6 +3,8 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from accounts.actors import actor
+
 from .. import selectors, services
 from .serializers import ApiKeyCreatedSerializer, ApiKeyCreateSerializer, ApiKeySerializer
 
@@ -22,7 +24,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def create(self, request):
         serializer = ApiKeyCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        created = services.key_create(**serializer.validated_data)
+        created = services.key_create(**serializer.validated_data, actor=actor(request))
         data = ApiKeySerializer(created.row).data
         data["key"] = created.key
         return Response(data, status=status.HTTP_201_CREATED)
@@ -30,4 +32,4 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request, name=None):
-        return Response(ApiKeySerializer(services.key_revoke(name=name)).data)
+        return Response(ApiKeySerializer(services.key_revoke(name=name, actor=actor(request))).data)

@@ -3,6 +3,8 @@ from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from accounts.actors import actor
+
 from .. import selectors, services
 from .serializers import EventSerializer, FabricSerializer, NodeSerializer
 
@@ -28,13 +30,13 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
     def cordon(self, request, name=None):
-        services.node_cordon(node_name=name)
+        services.node_cordon(node_name=name, actor=actor(request))
         return Response(self.get_serializer(selectors.node_get(name=name)).data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request, name=None):
-        services.node_uncordon(node_name=name)
+        services.node_uncordon(node_name=name, actor=actor(request))
         return Response(self.get_serializer(selectors.node_get(name=name)).data)
 
 

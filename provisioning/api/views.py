@@ -4,6 +4,8 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from accounts.actors import actor
+
 from .. import onboarding, selectors, services, sshkeys
 from ..choices import JobStatus
 from ..validation import RequestInvalid
@@ -99,11 +101,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
-        services.job_retry(job_id=int(pk))
+        services.job_retry(job_id=int(pk), actor=actor(request))
         return Response(JobSerializer(selectors.job_get(job_id=int(pk))).data)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        services.job_cancel(job_id=int(pk))
+        services.job_cancel(job_id=int(pk), actor=actor(request))
         return Response(JobSerializer(selectors.job_get(job_id=int(pk))).data)

@@ -5,6 +5,8 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.actors import actor
+
 from .. import catalog, drain, selectors
 from .serializers import (
     CatalogApplySerializer,
@@ -72,7 +74,7 @@ class ModelViewSet(viewsets.ModelViewSet):
     def scale(self, request, name=None):
         serializer = ScaleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        catalog.model_scale(name=name, replicas=serializer.validated_data["replicas"])
+        catalog.model_scale(name=name, replicas=serializer.validated_data["replicas"], actor=actor(request))
         return Response(ModelSerializer(self.get_queryset().get(name=name)).data)
 
 
@@ -87,7 +89,7 @@ class CatalogApplyView(APIView):
             raise PermissionDenied("pruning needs the permission replicas.delete_catalogentry")
         try:
             result = catalog.catalog_apply(entries=serializer.validated_data["models"],
-                                           prune=serializer.validated_data["prune"])
+                                           prune=serializer.validated_data["prune"], actor=actor(request))
         except catalog.CatalogInvalid as exc:
             return _catalog_error(exc)
         return Response(result)
@@ -117,7 +119,7 @@ class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def create(self, request, *args, **kwargs):
         serializer = DrainCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        started = drain.drain_start(node_name=serializer.validated_data["node"])
+        started = drain.drain_start(node_name=serializer.validated_data["node"], actor=actor(request))
         return Response(DrainSerializer(started).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=DrainSerializer)
@@ -125,4 +127,4 @@ class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def cancel(self, request, pk=None):
         """End a running or blocked drain: its replicas stop moving and keep
         running where they are; the node stays cordoned. 409 if it has ended."""
-        return Response(DrainSerializer(drain.drain_cancel(drain_id=int(pk))).data)
+        return Response(DrainSerializer(drain.drain_cancel(drain_id=int(pk), actor=actor(request))).data)

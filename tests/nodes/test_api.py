@@ -87,7 +87,7 @@ def test_cordon_and_uncordon(api, cluster):
     assert r.status_code == 200, r.content
     assert r.json()["status"] == "cordoned" and r.json()["name"] == "node01"
     event = Event.objects.filter(node__name="node01", kind=EventKind.NODE_STATUS).latest("id")
-    assert event.message == "ready -> cordoned: cordoned by an operator"
+    assert event.message == "ready -> cordoned: cordoned by user operator"
 
     r = api.post("/api/v1/nodes/node01/cordon/")
     assert r.status_code == 409

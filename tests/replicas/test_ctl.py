@@ -84,15 +84,16 @@ def test_apply_scale_replicas_drain(ctl, tmp_path, monkeypatch):
     assert nodes["node01"]["status"] == "draining"
     events = json.loads(ctl("events", "-o", "json").stdout)
     assert any(e["kind"] == "drain" for e in events)
+    assert any("drain requested by user admin" in e["message"] for e in events)
 
-    # Called off: the drain ends, node01 stays cordoned, an Event names what ended.
+    # Called off: the drain ends, node01 stays cordoned, an Event names what ended and who.
     cancelled = ctl("drain", "node01", "--cancel")
     assert cancelled.returncode == 0, cancelled.stderr
     assert "cancelled" in cancelled.stdout and "stays cordoned" in cancelled.stdout
     nodes = {n["name"]: n for n in json.loads(ctl("nodes", "-o", "json").stdout)}
     assert nodes["node01"]["status"] == "cordoned"
     events = json.loads(ctl("events", "-o", "json").stdout)
-    assert any(e["kind"] == "drain" and "ended (cancelled by an operator)" in e["message"] for e in events)
+    assert any(e["kind"] == "drain" and "ended (cancelled by user admin)" in e["message"] for e in events)
     again = ctl("drain", "node01", "--cancel")
     assert again.returncode == 1 and "no drain under way" in again.stderr and "cancelled" in again.stderr
 

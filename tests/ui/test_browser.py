@@ -28,13 +28,16 @@ def seeded(small_cluster, pki_dir):
     from gateway.services import key_create
     from nodes.choices import EventSeverity
     from nodes.events import event_record
-    from nodes.models import Node
+    from nodes.models import Gpu, GpuConflict, Node
     from pki.services import cert_issue_client
     from provisioning.models import Hypervisor, Job, Step
 
     cert_issue_client(node_id="node01")
     key_create(name="demo")
     Node.objects.filter(name="node04").update(discovery_errors=["nvidia-smi: GPU 0000:1B:00.0 has fallen off the bus"])
+    Gpu.objects.filter(node__name="node04", index=7).update(missing_since=timezone.now())
+    GpuConflict.objects.create(claimant=Node.objects.get(name="island01"),
+                               gpu=Gpu.objects.get(node__name="node02", index=6))
     event_record(kind="node.status", subject="node/node03", message="ready -> lost: no heartbeat for 60 s",
                  severity=EventSeverity.ERROR)
     hypervisor = Hypervisor.objects.create(name="pve1", url="https://127.0.0.1:8006", token_id="llmgw@pve!ops",
@@ -48,7 +51,9 @@ def seeded(small_cluster, pki_dir):
 
 
 PAGES = [
-    ("cluster", "/", ["ib-a", "ib-b", "no fabric", "node01", "island01", "llama-70b", "fallen off the bus"]),
+    ("cluster", "/", ["ib-a", "ib-b", "no fabric", "node01", "island01", "llama-70b", "fallen off the bus",
+                      "GPU 7 missing since", "GPU 6 also claimed by island01"]),
+    ("node-conflict", "/nodes/node02/", ["GPU claims in conflict", "also claimed by island01"]),
     ("node", "/nodes/node01/", ["NVIDIA H200", "mlx5_0", "InfiniBand", "valid", "Cordon", "Drain"]),
     ("replicas", "/replicas/", ["llama-70b", "2 x 4 GPUs", "Scale", "node01"]),
     ("catalog", "/catalog/", ["catalog.yaml", "Preview"]),
@@ -90,7 +95,8 @@ def test_actions_in_the_browser(seeded, superuser, web_factory, page):
 
     from gateway.models import ApiKey
     from nodes.models import Node
-    from replicas.models import CatalogEntry
+    from replicas.drain import drain_step
+    from replicas.models import CatalogEntry, Drain
 
     web = web_factory()
     login(page, web.url, "root", PASSWORD, "/nodes/node02/")
@@ -98,6 +104,17 @@ def test_actions_in_the_browser(seeded, superuser, web_factory, page):
     expect(page.locator(".messages")).to_contain_text("node02 is cordoned")
     expect(page.locator("#node-status")).to_have_text("cordoned")
     assert Node.objects.get(name="node02").status == "cordoned"
+
+    page.goto(f"{web.url}/nodes/node01/")
+    page.get_by_role("button", name="Drain").click()
+    expect(page.locator(".messages")).to_contain_text("Draining node01")
+    drain_step(drain_id=Drain.objects.get(node__name="node01").pk)
+    expect(page.locator("#drain-outcomes li")).not_to_have_count(0, timeout=10_000)  # the partial, no reload
+    assert not accessibility_problems(page)
+    screenshot(page, "node-draining")
+    page.get_by_role("button", name="Cancel the drain").click()
+    expect(page.locator(".messages")).to_contain_text("Drain of node01 cancelled")
+    expect(page.locator("#node-status")).to_have_text("cordoned")
 
     page.goto(f"{web.url}/replicas/")
     row = page.locator("#models tr[data-model=qwen-7b]")

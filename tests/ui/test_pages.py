@@ -43,6 +43,7 @@ def test_a_viewer_sees_every_page_and_no_action(viewer_client, small_cluster, ur
 
 @pytest.mark.parametrize("url,data", [
     ("/nodes/node01/cordon/", {}), ("/nodes/node01/uncordon/", {}), ("/nodes/node01/drain/", {}),
+    ("/nodes/node01/drain/cancel/", {}),
     ("/nodes/node01/revoke/", {}), ("/models/qwen-7b/scale/", {"replicas": "5"}),
     ("/catalog/apply/", {"yaml": "models: []"}), ("/gateway/keys/", {"name": "k"}),
     ("/gateway/keys/k/revoke/", {}), ("/provisioning/vm/", {"node": "n"}),
@@ -118,6 +119,29 @@ def test_drain_from_the_node_page_shows_its_progress(admin_client_ui, small_clus
     assert Event.objects.filter(message__contains="drain requested by user root").exists()
     body = admin_client_ui.get("/nodes/node01/live/").content.decode()
     assert 'id="drain"' in body and "2 replica(s) to move" in body and "0 moved, 2 remaining" in body and "Still on this node" in body
+
+
+def test_a_drain_shows_each_replicas_outcome_and_can_be_cancelled(admin_client_ui, small_cluster):
+    from replicas import drain
+    from replicas.models import Drain
+
+    admin_client_ui.post("/nodes/node01/drain/")
+    drain.drain_step(drain_id=Drain.objects.get(node__name="node01").pk)
+    recorded = Drain.objects.get(node__name="node01").replicas
+    assert recorded, "the step records each replica's outcome"
+    body = admin_client_ui.get("/nodes/node01/live/").content.decode()
+    assert 'id="drain-outcomes"' in body and "Cancel the drain" in body
+    for replica_id, entry in recorded.items():
+        assert f'data-replica="{replica_id}"' in body and f'badge st-{entry["outcome"]}">{entry["outcome"]}<' in body
+    response = admin_client_ui.post("/nodes/node01/drain/cancel/", follow=True)
+    body = response.content.decode()
+    assert "Drain of node01 cancelled: 0 replica(s) moved" in body and "node01 stays cordoned" in body
+    assert Node.objects.get(name="node01").status == "cordoned"
+    assert Event.objects.filter(message__contains="ended (cancelled by user root)").exists()
+    body = admin_client_ui.get("/nodes/node01/live/").content.decode()
+    assert "Cancel the drain" not in body and ">cancelled</span>" in body and ">released</span>" in body
+    again = admin_client_ui.post("/nodes/node01/drain/cancel/", follow=True).content.decode()
+    assert "node01 has no drain under way" in again
 
 
 def test_revoke_certificate_from_the_node_page(admin_client_ui, small_cluster, pki_dir):
@@ -231,3 +255,27 @@ def test_provisioning_new_vm_form_names_bad_fields(admin_client_ui, small_cluste
     assert response.status_code == 400
     body = response.content.decode()
     assert "<strong>vmid</strong>: give a whole number" in body and "<strong>ip</strong>: required" in body
+
+
+def test_missing_gpus_and_claims_in_conflict_are_marked(admin_client_ui, small_cluster):
+    from django.utils import timezone
+
+    from nodes.models import Gpu, GpuConflict
+
+    Gpu.objects.filter(node__name="node02", index=3).update(missing_since=timezone.now())
+    claimed = Gpu.objects.get(node__name="node01", index=5)
+    GpuConflict.objects.create(claimant=Node.objects.get(name="node03"), gpu=claimed)
+    body = admin_client_ui.get("/cluster/grid/").content.decode()
+    card = body.split('data-node="node02"')[1].split("</article>")[0]
+    assert "⚠ GPU 3 missing since" in card and card.count(" missing\" title=") == 1
+    assert "; missing since" in card and "llama-70b #" in card.split(" missing\"")[1]  # still held, and says so
+    holder = body.split('data-node="node01"')[1].split("</article>")[0]
+    assert "⚠ GPU 5 also claimed by node03" in holder and 'conflict" title="GPU 5: free; also claimed by node03"' in holder
+    claimant = body.split('data-node="node03"')[1].split("</article>")[0]
+    assert "⚠ claims GPU 5 of node01, which holds it" in claimant
+    assert "missing GPU</span>" in body and "GPU claimed by two nodes</span>" in body  # in the legend
+    page = admin_client_ui.get("/nodes/node01/").content.decode()
+    assert 'id="gpu-conflicts"' in page and claimed.uuid in page and "also claimed by node03" in page
+    assert 'id="gpu-conflicts"' in admin_client_ui.get("/nodes/node03/").content.decode()
+    assert "missing since" in admin_client_ui.get("/nodes/node02/").content.decode()
+    assert 'id="gpu-conflicts"' not in admin_client_ui.get("/nodes/node04/").content.decode()

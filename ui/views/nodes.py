@@ -4,20 +4,26 @@ the CLI call."""
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import render
 
 from nodes import selectors as node_selectors
 from nodes import services as node_services
+from nodes.models import GpuConflict
 from pki import services as pki_services
 from pki.choices import CertificateKind
 from pki.models import Certificate
 from replicas import drain as drain_services
-from replicas.choices import DRAIN_ACTIVE, PLACED
+from replicas.choices import DRAIN_ACTIVE, PLACED, DrainOutcome
 from replicas.models import Drain, GpuAllocation, Member
 
 from ..cluster import replica_colour
 from .access import actor, back, operation, viewer
+
+
+def _by_id(item) -> int:
+    return int(item[0])
 
 
 def _node_context(name: str) -> dict:
@@ -31,15 +37,28 @@ def _node_context(name: str) -> dict:
             "gpu_id", "member__replica_id", "member__replica__model__name")
     }
     drain = Drain.objects.filter(node=node).select_related("current__model").first()
+    outcomes = [] if drain is None else [
+        (int(replica_id), entry) for replica_id, entry in sorted(drain.replicas.items(), key=_by_id)
+    ]
+    conflicts = list(
+        GpuConflict.objects.filter(Q(claimant=node) | Q(gpu__node=node)).select_related("gpu__node", "claimant")
+        .order_by("since", "pk")
+    )
+    claimed: dict[int, list[str]] = {}
+    for c in conflicts:
+        if c.gpu.node_id == node.pk:
+            claimed.setdefault(c.gpu_id, []).append(c.claimant.name)
     members = list(
         Member.objects.filter(node=node).exclude(state="gone").select_related("replica__model").order_by("replica_id")
     )
     return {
         "node": node,
         "age": node_selectors.age_seconds(seen),
-        "gpus": [(gpu, holders.get(gpu.id)) for gpu in node.gpus.all()],
+        "gpus": [(gpu, holders.get(gpu.id), claimed.get(gpu.id)) for gpu in node.gpus.all()],
         "drain": drain,
         "drain_active": drain is not None and drain.status in DRAIN_ACTIVE,
+        "outcomes": outcomes,
+        "conflicts": conflicts,
         "members": members,
         "waiting": [m for m in members if m.replica.status in PLACED],
         "drain_percent": 0 if drain is None else round(100 * drain.moved / max(1, drain.moved + drain.remaining)),
@@ -79,6 +98,22 @@ def node_drain(request, name: str):
     drain = drain_services.drain_start(node_name=name, actor=actor(request))
     messages.success(request, f"Draining {name}: {drain.remaining} replica(s) to move, one at a time; "
                               "each replacement is ready before its original stops.")
+    return back(request)
+
+
+@operation("nodes.change_node")
+def node_drain_cancel(request, name: str):
+    active = Drain.objects.filter(node__name=name, status__in=DRAIN_ACTIVE).values_list("pk", flat=True).first()
+    if active is None:
+        messages.error(request, f"{name} has no drain under way: there is nothing to cancel.")
+        return back(request)
+    drain = drain_services.drain_cancel(drain_id=active, actor=actor(request))
+    released = [f"{entry['model']} #{replica_id}" for replica_id, entry in sorted(drain.replicas.items(), key=_by_id)
+                if entry.get("outcome") == DrainOutcome.RELEASED]
+    text = f"Drain of {name} cancelled: {drain.moved} replica(s) moved"
+    if released:
+        text += "; no longer moving, and running on here: " + ", ".join(released)
+    messages.success(request, text + f". {name} stays cordoned; Uncordon puts it back in service.")
     return back(request)
 
 
