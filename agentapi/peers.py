@@ -24,6 +24,8 @@ from django.db import close_old_connections
 
 from pki.authn import PeerIdentity, identity_from_der
 
+from .background import release_database_connection
+
 logger = logging.getLogger(__name__)
 
 
@@ -88,4 +90,5 @@ def keep_fresh(refresh: Callable[[], object], every: float) -> None:
                 logger.warning("agent-api cannot read revoked certificates (keeping the last copy): %s", exc)
             failing = True
             close_old_connections()
+        release_database_connection()
         time.sleep(every)

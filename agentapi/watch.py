@@ -22,6 +22,7 @@ from functools import partial
 
 from django.db import close_old_connections
 
+from .background import release_database_connection
 from .worker import AgentApiWorker
 
 logger = logging.getLogger(__name__)
@@ -175,6 +176,8 @@ class AgentApiWatchWorker(AgentApiWorker):
                 logger.warning("desired-state watch cannot read the database: %s", exc)
                 close_old_connections()
                 continue
+            finally:
+                release_database_connection()
             for node, version in current.items():
                 if waiting[node] - {version}:
                     self._changed(node)

@@ -49,6 +49,7 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from pki.authn import PeerIdentity
 
+from .background import release_database_connection
 from .framing import Framing
 from .intake import Intake
 from .peers import PeerGate, keep_fresh
@@ -394,4 +395,5 @@ def _listener_alive_loop() -> None:
             if not failing:
                 logger.warning("agent-api cannot write its liveness mark: %s", exc)
             failing = True
+        release_database_connection()
         time.sleep(ALIVE_EVERY)
