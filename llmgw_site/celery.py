@@ -1,8 +1,10 @@
-"""The Celery app. Its beat schedule is defined here, in code."""
+"""The Celery app. Its beat schedule is defined here, in code, and so is the
+Redis transport it uses (``Transport`` below, named by settings)."""
 
 import os
 
 from celery import Celery
+from kombu.transport import redis
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
@@ -41,3 +43,25 @@ def _beat_schedule(sender, **_kwargs):
             "options": {"expires": 3600.0},
         },
     }
+
+
+# Celery's Redis transport, surviving the loss of Redis with tasks in flight.
+#
+# kombu 5.7.0 crashes the whole worker ("Unrecoverable error: AttributeError:
+# 'NoneType' object has no attribute 'hostname'") when its connection to Redis
+# breaks while an acks_late task runs: closing the channel tries to put the
+# unacknowledged messages back through a connection it has just released.
+# Nothing is lost by not trying: those messages stay in Redis's unacked set,
+# from which kombu restores them after the visibility timeout, and every task
+# here is periodic or idempotent (the reconcile reaches the same end anyway).
+
+
+class Channel(redis.Channel):
+    def close(self) -> None:
+        if getattr(self.connection, "client", None) is None:
+            self.do_restore = False
+        super().close()
+
+
+class Transport(redis.Transport):
+    Channel = Channel

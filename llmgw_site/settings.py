@@ -95,8 +95,8 @@ else:
     ROOT_URLCONF = "llmgw_site.urls"
     MIDDLEWARE = [
         "django.middleware.security.SecurityMiddleware",
-        "llmgw_site.middleware.RejectNulMiddleware",
-        "llmgw_site.middleware.DependencyUnavailableMiddleware",
+        "web.middleware.RejectNulMiddleware",
+        "web.middleware.DependencyUnavailableMiddleware",
         "django.contrib.sessions.middleware.SessionMiddleware",
         "django.middleware.common.CommonMiddleware",
         "django.middleware.csrf.CsrfViewMiddleware",
@@ -192,7 +192,7 @@ else:
     # hands them to a second worker.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
     if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-        CELERY_BROKER_TRANSPORT = "llmgw_site.broker:Transport"  # a worker survives Redis going away
+        CELERY_BROKER_TRANSPORT = "llmgw_site.celery:Transport"  # a worker survives Redis going away
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -269,19 +269,19 @@ LLMGW_AGENT_ACCESS_LOG = bool(env.str("LLMGW_AGENT_ACCESS_LOG", default=""))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "llmgw_site.authentication.TokenAuthentication",
+        "accounts.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     # Django model permissions per action (roles are groups of them): accounts/permissions.py.
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.ActionPermissions"],
     "DEFAULT_PARSER_CLASSES": [
-        "llmgw_site.parsers.JSONParser",
+        "web.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_SCHEMA_CLASS": "llmgw_site.schema.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "web.schema.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": None,
-    "EXCEPTION_HANDLER": "llmgw_site.api.exception_handler",
+    "EXCEPTION_HANDLER": "web.errors.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {

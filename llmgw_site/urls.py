@@ -15,4 +15,4 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
 
-handler404 = "llmgw_site.api.not_found"
+handler404 = "web.errors.not_found"

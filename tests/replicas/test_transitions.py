@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework import status
 
 from gateway import selectors as gateway_selectors
-from llmgw_site.api import exception_handler
+from web.errors import exception_handler
 from nodes.choices import EventKind, EventSeverity
 from nodes.exceptions import InvalidTransition
 from nodes.models import Event

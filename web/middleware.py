@@ -30,7 +30,7 @@ class RejectNulMiddleware:
 class DependencyUnavailableMiddleware(MiddlewareMixin):
     """A page or view that met a dependency away (the database, Redis)
     answers 503 with Retry-After saying which, not a 500. The operator API
-    answers the same through its exception handler (llmgw_site/api.py).
+    answers the same through its exception handler (web/errors.py).
     A hook only (no __call__ of its own): it costs nothing on the way in."""
 
     def process_exception(self, request, exception):

@@ -3,7 +3,7 @@
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from accounts.selectors import token_user
+from .selectors import token_user
 
 
 class TokenAuthentication(authentication.BaseAuthentication):

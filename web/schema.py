@@ -1,7 +1,7 @@
 """The operator API's OpenAPI schema: what drf-spectacular infers, plus the
 error answers every view can give (a site-wide DRF setting).
 
-The answers are those of ``llmgw_site.api.exception_handler``, DRF and the
+The answers are those of ``web.errors.exception_handler``, DRF and the
 site's middleware: 400 for input it refuses (a field's errors, a body that is
 not a JSON object, a NUL byte in the path or the query), 401/403 without a
 valid token or the permission, 404 for a name that does not exist, 409 for a
