@@ -7,7 +7,8 @@ writes its process id to ``<dir>/<point>.paused`` and sleeps there, inside
 its transaction and holding its row locks, until the test kills the process.
 
 Pause points, each inside the transaction of the step it names:
-- ``reconcile``: a placement has been written, not yet committed;
+- ``reconcile``: a placement has been written (members, GPUs, ports, the
+  nodes' desired versions), not yet committed;
 - ``drain``: a drain step has moved its replicas, not yet saved the drain;
 - ``rebuild``: a replica of a lost node has been failed (the node's LOST
   transition is committed), the failure not yet committed.
@@ -55,6 +56,6 @@ def _install(sender, **_kwargs):
     django.setup()
     from replicas import drain, scheduling, services
 
-    scheduling.placements_persist = _paused_after("reconcile", scheduling.placements_persist)
+    scheduling.nodes_desired_changed = _paused_after("reconcile", scheduling.nodes_desired_changed)
     drain._drain_settle = _paused_after("drain", drain._drain_settle)
     services.replica_fail = _paused_after("rebuild", services.replica_fail)
