@@ -13,7 +13,7 @@ from .choices import EventKind, EventSeverity, NodeStatus
 from .events import event_record
 from .exceptions import InventoryRejected
 from .models import Fabric, Gpu, GpuConflict, Hca, Node
-from .services import node_transition
+from .services import NODE_STATES, node_transition
 
 
 def _sync_fabrics(node: Node, inventory: dict[str, Any], *, new: bool) -> None:
@@ -143,7 +143,13 @@ def node_heartbeat_apply(
             node = Node.objects.select_for_update(no_key=True).filter(name=node_name).first()
             new = node is None
             if new:
-                node = Node.objects.create(name=node_name, status=NodeStatus.REGISTERED, status_changed_at=now)
+                # Created whole, in one statement; the row is ours until commit.
+                node = Node.objects.create(
+                    name=node_name, status=NodeStatus.REGISTERED, status_changed_at=now,
+                    mgmt_addr=inventory["mgmt_addr"], mgmt_interface=inventory["mgmt_interface"],
+                    agent_version=inventory["agent_version"], discovery_errors=inventory["discovery_errors"],
+                    inventory_hash=inventory_hash, engines=engines, last_heartbeat_at=now,
+                )
                 event_record(
                     kind=EventKind.NODE_REGISTERED,
                     subject=f"node/{node_name}",
@@ -151,13 +157,14 @@ def node_heartbeat_apply(
                     f"fabrics: {', '.join(f['name'] for f in inventory['fabrics']) or 'none'})",
                     node=node,
                 )
-            if node.inventory_hash != inventory_hash:
+            stored_hash = "" if new else node.inventory_hash
+            if stored_hash != inventory_hash:
                 # A new node has nothing stored yet: its inventory is written
                 # without first reading what it had.
                 _sync_fabrics(node, inventory, new=new)
                 _sync_gpus(node, inventory["gpus"], now, new=new)
                 _sync_hcas(node, inventory["hcas"], inventory["fabrics"], new=new)
-                if node.inventory_hash and node.discovery_errors != inventory["discovery_errors"]:
+                if stored_hash and node.discovery_errors != inventory["discovery_errors"]:
                     event_record(
                         kind=EventKind.NODE_INVENTORY,
                         subject=f"node/{node_name}",
@@ -165,7 +172,7 @@ def node_heartbeat_apply(
                         node=node,
                         severity=EventSeverity.WARNING if inventory["discovery_errors"] else EventSeverity.INFO,
                     )
-                elif not node.inventory_hash and inventory["discovery_errors"]:
+                elif not stored_hash and inventory["discovery_errors"]:
                     event_record(
                         kind=EventKind.NODE_INVENTORY,
                         subject=f"node/{node_name}",
@@ -178,6 +185,12 @@ def node_heartbeat_apply(
                 node.agent_version = inventory["agent_version"]
                 node.discovery_errors = inventory["discovery_errors"]
                 node.inventory_hash = inventory_hash
+            if new:
+                # Ready in the same transaction (an Event for each step): a
+                # node just created holds no members, so there is no engine
+                # report to apply against them.
+                NODE_STATES.apply(node, to=NodeStatus.READY, reason="first heartbeat")
+                return node
             node.engines = engines
             node.last_heartbeat_at = now
             node.save()
