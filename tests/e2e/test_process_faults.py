@@ -15,12 +15,12 @@ import time
 
 import pytest
 
+from cli.simcluster import SimNode
 from cli.wait import wait_until
 from nodes.choices import NodeStatus
 from nodes.models import ControlPlaneClock, Node
 from replicas.choices import DrainStatus, MemberState, ReplicaStatus
 from replicas.models import Drain, GpuAllocation, Member, Replica
-from cli.simcluster import SimNode
 from tests.e2e.production import NODES, invariants, production_set, ready_count  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
