@@ -21,6 +21,11 @@ interval, the load of 5,000 nodes at 5 s) and then closed-loop at
 and while 64 mTLS connections with one node's certificate send a request a
 byte a second (``--slow``; that node sits the phase out).
 
+With ``--cold-start``, only every agent at once (``bench/_cold_start.py``):
+all nodes register together, the agent API restarts and all reconnect, and a
+lost-node sweep must declare none lost; the goal is every node registered in
+under 30 s (``--nodes 5000 --cold-start``).
+
 CPU per request is read from /proc (utime + stime) for the server's workers,
 this process (the load generator), Redis and the benchmark database's
 PostgreSQL backends. The machine is shared: "others" is the CPU the rest of
@@ -49,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cold_start import cold_start, sweep_and_count  # noqa: E402
 from _proc_cpu import CpuMeter, CpuUse  # noqa: E402
 from _tls_load import (  # noqa: E402
     LoadGenerator,
@@ -87,6 +93,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeline", action="store_true",
                    help="print p99/max per second of each paced phase, and the server's kernel time")
     p.add_argument("--check", action="store_true", help="exit 1 when the goal is not met (it always does on errors)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="only every agent at once: a cold start (all nodes register), a restart of the agent API "
+                   "(all reconnect), a lost-node sweep that must blame none; goal: registered in under 30 s")
+    p.add_argument("--cold-concurrency", type=int, default=64, help="requests in flight in --cold-start (64)")
     args = p.parse_args(argv)
     if not ipaddress.ip_address(args.host).is_loopback:
         p.error("--host must be a loopback address: this benchmark never sends traffic off the machine")
@@ -320,10 +330,70 @@ async def _run_phases(args, gen: LoadGenerator, nodes: list[SimNode], meter: Cpu
     return {"rows": rows, "steady_from": steady_from}
 
 
+async def _run_cold(args, gen: LoadGenerator, nodes: list[SimNode], meter: CpuMeter, report, restart) -> dict:
+    rows: dict[str, Row] = {}
+
+    async def measure(phase: str, kind: str, coro) -> Row:
+        before = meter.snapshot()
+        result = await coro
+        rows[kind] = row = Row(phase, result, meter.since(before), kind)
+        report(row)
+        return row
+
+    timings = await cold_start(gen, nodes, concurrency=args.cold_concurrency, restart=restart, measure=measure)
+    return {"rows": rows, **timings}
+
+
+def _cold_summary(args, outcome: dict, nodes: list[SimNode]) -> int:
+    rows = outcome["rows"]
+    counted = sweep_and_count(nodes)
+    register = rows["cold register"]
+    failed = sum(r.result.failures for r in rows.values())
+    ready = counted["by_status"].get("ready", 0)
+    met = outcome["registered_in"] < 30 and ready == args.nodes and failed == 0 and not counted["declared_lost_by_sweep"]
+    print()
+    print(f"  cold start: {register.result.ok} of {args.nodes} nodes registered in {outcome['registered_in']:.1f} s "
+          f"(connect + first heartbeat), {register.figures()['server_cpu_ms_per_req']:.2f} ms server CPU and "
+          f"{register.figures()['redis_pg_cpu_ms_per_req']:.2f} ms Redis + PostgreSQL CPU per registration")
+    print(f"  restart: agent API back in {outcome['restarted_in']:.1f} s; every agent reconnected and heard again in "
+          f"{outcome['heard_again_in']:.1f} s ({rows['restart heartbeat'].result.ok} heartbeats answered)")
+    print(f"  then a lost-node sweep: {counted['declared_lost_by_sweep']} declared lost; nodes by status "
+          f"{counted['by_status']}")
+    print(f"  goal (all {args.nodes} registered in under 30 s, all heard after the restart, none lost): "
+          f"{'MET' if met else 'NOT MET'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "nodes": args.nodes, "goal_met": met, **{k: v for k, v in outcome.items() if k != "rows"},
+            "rows": {kind: r.figures() for kind, r in rows.items()}, **counted,
+        }, indent=2))
+    return 1 if failed or (args.check and not met) else 0
+
+
 def _best(rows: list[Row], *, paced: bool) -> Row:
     if paced:  # a paced round is as good as its tail
         return min(rows, key=lambda r: (r.result.failures, r.result.percentile(99)))
     return max(rows, key=lambda r: r.result.rate)
+
+
+def _server_start(argv: list[str], args, port: int, log_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _wait_for_port(args.host, port, server)
+    deadline = time.monotonic() + 30
+    while len(workers := _children(server.pid)) < args.workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return server, workers
+
+
+def _server_stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
 
 
 def _lock(db_name: str):
@@ -408,13 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"threads": args.threads} if args.threads else {}
         argv = gunicorn_argv(host=args.host, port=port, certfile=str(pki / SERVER_CERT),
                              keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=args.workers, **extra)
-        with open(log_path, "ab") as log:
-            server = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO,
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_for_port(args.host, port, server)
-        deadline = time.monotonic() + 30
-        while len(workers := _children(server.pid)) < args.workers and time.monotonic() < deadline:
-            time.sleep(0.1)
+        server, workers = _server_start(argv, args, port, log_path)
         print(f"  agent API on {args.host}:{port}: gunicorn master {server.pid}, workers {workers}; "
               f"log {log_path}")
 
@@ -449,6 +513,15 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.freeze()  # the certificates and contexts live for the whole run
         gen = LoadGenerator(host=args.host, port=port)
+        if args.cold_start:
+            def restart() -> None:
+                nonlocal server, workers
+                _server_stop(server)
+                server, workers = _server_start(argv, args, port, log_path)
+                meter.server_pids = workers
+
+            return _cold_summary(args, loop.run_until_complete(_run_cold(args, gen, nodes, meter, report, restart)),
+                                 nodes)
         outcome = loop.run_until_complete(_run_phases(args, gen, nodes, meter, report))
         rows = outcome["rows"]
         if server.poll() is not None or sorted(_children(server.pid)) != sorted(workers):
@@ -513,13 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(log_path.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr)
         raise
     finally:
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, 9)
-                server.wait()
+        if server is not None:
+            _server_stop(server)
         if not args.keep:
             try:
                 import redis

@@ -59,13 +59,14 @@ class SimCluster:
 
     # --- nodes ------------------------------------------------------------------
 
-    def add_node(self, node: SimNode, *, issue_cert) -> SimNode:
-        """``issue_cert(name, out_dir)`` writes NAME.pem, NAME-key.pem and ca.pem."""
+    def add_node(self, node: SimNode, *, issue_cert, server: str | None = None) -> SimNode:
+        """``issue_cert(name, out_dir)`` writes NAME.pem, NAME-key.pem and ca.pem;
+        ``server`` is the agent API this node talks to (the cluster's by default)."""
         node.dir = self.base / "nodes" / node.name
         node.dir.mkdir(parents=True, exist_ok=True)
         issue_cert(node.name, node.dir)
         argv = [sys.executable, "-m", "cli", "sim", "node-kit", node.name, "--gpus", str(node.gpus),
-                "--addr", node.addr, "--server", self.agent_url, "--dir", str(node.dir)]
+                "--addr", node.addr, "--server", server or self.agent_url, "--dir", str(node.dir)]
         if node.fabric:
             argv += ["--fabric", f"{node.fabric}:{','.join(node.hcas)}"]
         subprocess.run(argv, env=self.env, check=True, capture_output=True)

@@ -136,6 +136,7 @@ def _from_database(
         .values("status", "inventory_hash", "engines", "desired_version")
         .first()
     )
+    registered = row is None
     if (
         row is None
         or row["status"] in _NEEDS_APPLY
@@ -159,12 +160,19 @@ def _from_database(
         row = {"status": node.status, "desired_version": node.desired_version}
     if not recorded:
         store.record(node_name, time.time())
+    if registered and row["desired_version"] == 0:
+        # Just registered and never told anything: whatever gives a node
+        # members bumps its version with them (else no long-poll would learn
+        # of them), so at version 0 there are none to read.
+        desired = {"version": 0, "members": []}
+    else:
+        desired = selectors.node_desired_state(node_name=node_name, version=row["desired_version"])
     known = _Known(
         version=version,
         status=row["status"],
         inventory_hash=inv_hash,
         engines_hash=eng_hash,
-        desired=selectors.node_desired_state(node_name=node_name, version=row["desired_version"]),
+        desired=desired,
     )
     _known[node_name] = known
     return known
