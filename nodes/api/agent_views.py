@@ -117,27 +117,37 @@ def _read_body(request) -> tuple[bytes, JsonResponse | None]:
         return b"", _error(413, too_big)
 
 
-@csrf_exempt
-@require_POST
-def heartbeat(request, node_id: str):
+def _node_json(request, node_id: str, what: str):
+    """The JSON object a node posted about itself: (payload, None), or (None,
+    the refusal): a bad node id, a certificate that is not this node's, a
+    body too large or not a JSON object."""
     try:
         validate_node_id(node_id)
     except InvalidNodeId as exc:
-        return _error(400, str(exc))
+        return None, _error(400, str(exc))
     refusal = authorize_node(request, node_id)
     if refusal is not None:
-        return refusal
+        return None, refusal
     body, refusal = _read_body(request)
     if refusal is not None:
-        return refusal
+        return None, refusal
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, f"the body is not valid JSON: {exc}")
+        return None, _error(400, f"the body is not valid JSON: {exc}")
     except RecursionError:
-        return _error(400, "the body is not valid JSON: nested too deeply")
+        return None, _error(400, "the body is not valid JSON: nested too deeply")
     if not isinstance(payload, dict):
-        return _error(400, "the body must be a JSON object (see agent.protocol.Heartbeat)")
+        return None, _error(400, f"the body must be a JSON object ({what})")
+    return payload, None
+
+
+@csrf_exempt
+@require_POST
+def heartbeat(request, node_id: str):
+    payload, refusal = _node_json(request, node_id, "see agent.protocol.Heartbeat")
+    if refusal is not None:
+        return refusal
     try:
         reply = node_heartbeat(node_name=node_id, payload=payload)
     except (DatabaseError, redis.RedisError) as exc:
@@ -156,23 +166,13 @@ def heartbeat(request, node_id: str):
 def certificate(request, node_id: str):
     """Rotation: the node's next certificate, asked for over its current one
     with a request for a fresh key made on the node."""
-    try:
-        validate_node_id(node_id)
-    except InvalidNodeId as exc:
-        return _error(400, str(exc))
-    refusal = authorize_node(request, node_id)
+    payload, refusal = _node_json(request, node_id, '{"csr": "<PEM request>"}')
     if refusal is not None:
         return refusal
-    body, refusal = _read_body(request)
-    if refusal is not None:
-        return refusal
-    try:
-        payload = json.loads(body)
-        csr = payload["csr"]
-        if not isinstance(csr, str):
-            raise TypeError("csr is not a string")
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as exc:
-        return _error(400, f'the body must be JSON {{"csr": "<PEM request>"}} ({exc})')
+    csr = payload.get("csr")
+    if not isinstance(csr, str):
+        return _error(400, 'the body must be JSON {"csr": "<PEM request>"}: csr is missing or not a string',
+                      details={"csr": ["a PEM certificate request, as a string"]})
     try:
         signed = cert_renew_node(node_id=node_id, csr_pem=csr, current_serial=peer_identity(request.META).serial)
     except PkiError as exc:
