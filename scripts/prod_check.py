@@ -62,7 +62,7 @@ def make_venv(venv: Path, *, reuse: bool) -> None:
             shutil.rmtree(venv)
         log(f"runtime-only virtual environment in {venv}")
         run([sys.executable, "-m", "venv", str(venv)])
-        run(pip + ["-r", str(REPO / "requirements.txt")])
+    run(pip + ["-r", str(REPO / "requirements.txt")])
     # A real (not editable) install: the checkout is not on the path. Built
     # from a copy, so that setuptools' build/ and egg-info stay out of the
     # checkout (a stale build/lib would be installed next time).
@@ -123,7 +123,7 @@ def main() -> int:
     parser.add_argument("--work", default=str(REPO / "var" / "prod-check"))
     parser.add_argument("--database", default="llmgw_prodcheck")
     parser.add_argument("--redis-db", type=int, default=13)
-    parser.add_argument("--reuse-venv", action="store_true", help="keep an existing venv's packages, reinstall only the project (quicker reruns)")
+    parser.add_argument("--reuse-venv", action="store_true", help="keep an existing venv: add what requirements.txt gained, reinstall the project (quicker reruns)")
     args = parser.parse_args()
 
     work = Path(args.work).resolve()
