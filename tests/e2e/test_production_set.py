@@ -64,6 +64,16 @@ def test_two_of_each_process(production_set):
                timeout=30, message="the replica whose engine died to fail")
     wait_until(lambda: ready_count("llama-70b") == 2, timeout=90, message="the replica rebuilt")
     invariants(failed={broken.pk})
+    if not Replica.objects.filter(status=ReplicaStatus.READY, fabric__name="ib-a").exists():
+        # The replacement was placed while the failed replica's GPUs on ib-a
+        # were still held, so both replicas share ib-b (correct, not spread).
+        # Start again from one replica per fabric for the seeds' scenario.
+        for count in (0, 2):
+            scaled = prod.rest("POST", "models/llama-70b/scale/", web=1, json={"replicas": count})
+            assert scaled.status_code == 200, scaled.text
+            wait_until(lambda: ready_count("llama-70b") == count and not Replica.objects.filter(
+                status__in=[ReplicaStatus.STOPPING, ReplicaStatus.PENDING]).exists(),
+                timeout=90, message=f"llama-70b at {count} ready replicas")
 
     # The seeds' scenario on this set: node02 (on agent API 1) dies, the ib-a
     # replica is rebuilt on ib-b, node01 is not paired across fabrics.
