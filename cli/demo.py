@@ -116,7 +116,7 @@ def _print_guide(cluster: SimCluster, lines: list[str], *, host: str, web_port: 
 llmgw demo is up: four simulated nodes, node01+node02 on ib-a and node03+node04 on ib-b, 8 GPUs each,
 each a real agent on its own loopback address with its own certificate.
 
-  web UI      {web}/            (log in as 'admin', password above; docs/ui.md)
+  web UI      {web}/            (log in as 'admin', its password in {data}/admin-password; docs/ui.md)
               cluster {web}/  replicas {web}/replicas/  events {web}/events/
               gateway {web}/gateway/  provisioning {web}/provisioning/  admin {web}/admin/
   catalog     {catalog}
