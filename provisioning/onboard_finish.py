@@ -11,12 +11,13 @@ import re
 import yaml
 from cryptography import x509
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 
+from nodes import selectors as node_selectors
 from nodes.models import Node
 from pki.models import Certificate
-from pki.services import CA_CERT, PkiError, pki_dir
+from pki.choices import CertificateKind
+from pki.services import CA_CERT, PkiError, cert_revoke, pki_dir
 from pki.signing import cert_sign_node, csr_load
 
 from . import nodessh
@@ -48,6 +49,25 @@ def _live_serial(cert_pem: str) -> str | None:
 def _same_key(cert_pem: str, csr) -> bool:
     cert = x509.load_pem_x509_certificate(cert_pem.encode())
     return cert.public_key().public_numbers() == csr.public_key().public_numbers()
+
+
+def _supersede_others(job, serial: str) -> list[str]:
+    """The node's other live certificates (an earlier install's key: a
+    reinstalled machine, a re-onboarded node) are refused from now on. Run
+    after the node holds its new certificate, on every run of the step, so a
+    job killed in between still ends with only one."""
+    others = (Certificate.objects.filter(common_name=job.node_name, kind=CertificateKind.CLIENT, revoked_at=None)
+              .exclude(serial=serial).values_list("serial", flat=True))
+    who = job.created_by.get_username() if job.created_by else ""
+    done = []
+    for other in others:
+        try:
+            cert_revoke(target=other, reason=f"superseded by {serial} (onboarding job {job.pk})",
+                        actor=who or f"onboarding job {job.pk}")
+        except PkiError:
+            continue  # revoked meanwhile
+        done.append(other)
+    return done
 
 
 def certificate(ctx: StepContext):
@@ -89,6 +109,9 @@ def certificate(ctx: StepContext):
     if isinstance(trust, Wait):
         return trust
     trusted = "no system trust tool on the node" if trust == "none" else f"root trusted system-wide ({trust})"
+    superseded = _supersede_others(ctx.job, serial)
+    if superseded:
+        trusted += f"; the node's earlier certificate(s) {', '.join(superseded)} superseded"
     if what == "held":
         return Skipped(f"the node's key already holds live certificate {serial}; {trusted}")
     return Done(f"key made on the node ({p.key}, 0600, never sent); certificate {serial} {what}; {trusted}")
@@ -164,10 +187,22 @@ def _inventory(node: Node) -> dict:
     }
 
 
+def _heard_since(node: Node, since) -> bool:
+    """Registered or heartbeated since then (heartbeats land in the liveness
+    store; the row's copy is written only now and then)."""
+    if node.registered_at and node.registered_at >= since:
+        return True
+    seen = node_selectors.node_last_seen([node])[node.name]
+    return seen is not None and seen >= since
+
+
 def first_heartbeat(ctx: StepContext):
-    since = ctx.job.steps.get(name="connect").started_at or ctx.job.created_at
-    node = (Node.objects.filter(name=ctx.job.node_name)
-            .filter(Q(registered_at__gte=since) | Q(last_heartbeat_at__gte=since)).first())
+    # Heard since the unit was (re)started: on a reinstall the agent before
+    # it heartbeated too, and only the restarted one proves the job worked.
+    since = ctx.job.steps.get(name="start").finished_at or ctx.job.created_at
+    node = Node.objects.filter(name=ctx.job.node_name).first()
+    if node is not None and not _heard_since(node, since):
+        node = None
     if node is not None:
         inventory = _inventory(node)
         ctx.data["inventory"] = inventory

@@ -24,7 +24,7 @@ from .stepkit import Done, Skipped, StepContext, Wait
 
 KIND = JobKind.ONBOARD
 UNIT = "llmgw-agent"
-UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "llmgw-agent.service"
+UNIT_TEMPLATE = agentwheel.UNIT_FILE
 MIN_PYTHON = (3, 11)
 q = shlex.quote
 
@@ -123,7 +123,7 @@ def _preflight_script(job) -> str:
         'if [ "$(id -u)" = 0 ]; then echo sudo=root; elif out=$(sudo -n true 2>&1); then echo sudo=ok; '
         'else echo "sudo=$(printf %s "$out" | head -n1)"; fi',
         "echo \"python=$(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>&1 | head -n1)\"",
-        "echo \"venv=$(python3 -c 'import venv, ensurepip; print(\"ok\")' 2>&1 | tail -n1)\"",
+        "echo \"venv=$(python3 -c 'import venv; print(\"ok\")' 2>&1 | tail -n1)\"",
         'echo "clock=$(date +%s)"',
     ]
     if not p["skip_gpus"]:
@@ -190,26 +190,46 @@ def preflight(ctx: StepContext):
                 f"python {version}, {gpus}, clock within {skew:.0f}s")
 
 
+def _install_script(*, agent_dir: str, digest: str, pip_wheel: str, wheels: list[str]) -> str:
+    """Each build gets its own venv (``<agent_dir>/<digest>``) and ``venv`` is a
+    link switched to it at the end: a running agent keeps its files until the
+    unit restarts it, an interrupted install is redone from scratch, and the
+    build before stays (the one running) while older ones are removed. The
+    venv has no pip: pip runs from its uploaded wheel."""
+    pip = (f"PIP_CONFIG_FILE=/dev/null PIP_ROOT_USER_ACTION=ignore {q(digest)}/bin/python {q(pip_wheel)}/pip "
+           "install --quiet --disable-pip-version-check --no-index --no-deps --no-compile "
+           + " ".join(q(w) for w in wheels))
+    return "\n".join([
+        f"mkdir -p {q(agent_dir)} && cd {q(agent_dir)}",
+        'old=$(readlink venv || true)',
+        f"rm -rf {q(digest)} venv.new",
+        f"python3 -m venv --without-pip {q(digest)}",
+        pip,
+        f"ln -s {q(digest)} venv.new",
+        "[ -L venv ] || rm -rf venv",
+        "mv -T venv.new venv",
+        'for d in */; do d=${d%/}; case "$d" in venv|"$old"|' + q(digest) + ') ;; *) rm -rf "$d";; esac; done',
+    ])
+
+
 def agent_install(ctx: StepContext):
     paths_ = paths(ctx.job)
     wheels = agentwheel.wheels_ensure(Path(settings.DATA_DIR) / "agent-wheels")
     digest = wheels.name
-    marker = paths_.agent_dir / "installed"
 
     async def body(s: nodessh.Session):
-        have = await s.run(f"cat {q(str(marker))} 2>/dev/null && {q(str(paths_.agent))} version")
-        if have.ok and have.out.split()[:1] == [digest]:
+        have = await s.run(f'[ "$(readlink {q(str(paths_.venv))})" = {q(digest)} ] && {q(str(paths_.agent))} version')
+        if have.ok:
             return None
         staging = f"/tmp/llmgw-agent-{digest}-job{ctx.job.pk}"
         _must(await s.run(f"rm -rf {q(staging)} && mkdir -m 700 {q(staging)}", privileged=False), "mkdir")
         async with s.conn.start_sftp_client() as sftp:
             await sftp.put([str(w) for w in sorted(wheels.glob("*.whl"))], staging)
-        pip = (f"PIP_CONFIG_FILE=/dev/null PIP_ROOT_USER_ACTION=ignore {q(str(paths_.venv))}/bin/pip "
-               f"--disable-pip-version-check install --quiet --no-index --find-links {q(staging)}")
-        wheel = q(f"{staging}/{agentwheel.agent_wheel(wheels).name}")
-        out = await s.run(
-            f"mkdir -p {q(str(paths_.agent_dir))} && python3 -m venv {q(str(paths_.venv))} && {pip} {wheel} "
-            f"&& {pip} --no-deps --force-reinstall {wheel} && echo {digest} > {q(str(marker))}")
+        script = _install_script(
+            agent_dir=str(paths_.agent_dir), digest=digest,
+            pip_wheel=f"{staging}/{agentwheel.pip_wheel(wheels).name}",
+            wheels=[f"{staging}/{w.name}" for w in agentwheel.install_wheels(wheels)])
+        out = await s.run(f"sh -ec {q(script)}")
         await s.run(f"rm -rf {q(staging)}", privileged=False)
         return out
     got = _ssh(ctx, body)
@@ -218,4 +238,5 @@ def agent_install(ctx: StepContext):
     if got is None:
         return Skipped(f"the agent {digest} is already installed in {paths_.venv}")
     _must(got, "installing the agent")
-    return Done(f"the agent ({digest}, {len(list(wheels.glob('*.whl')))} wheels) installed in {paths_.venv}")
+    return Done(f"the agent ({digest}, {len(agentwheel.install_wheels(wheels))} wheels) installed in "
+                f"{paths_.agent_dir / digest}, linked as {paths_.venv}")

@@ -2,7 +2,7 @@
 
 import zipfile
 
-from provisioning.agentwheel import agent_wheel, source_digest, wheels_ensure
+from provisioning.agentwheel import agent_wheel, install_wheels, pip_wheel, source_digest, wheels_ensure
 
 
 def test_the_agent_wheel_holds_the_agent_alone_and_is_built_once(tmp_path):
@@ -20,7 +20,10 @@ def test_the_agent_wheel_holds_the_agent_alone_and_is_built_once(tmp_path):
     assert "llmgw-agent = agent.cli:agent_command" in entry_points
     # Every dependency is there as a wheel: a node without internet installs with --no-index.
     wheels = {p.name.split("-")[0].lower() for p in directory.glob("*.whl")}
-    assert {"httpx", "pyyaml", "cryptography", "llmgw_agent"} <= wheels
+    assert {"httpx", "pyyaml", "cryptography", "llmgw_agent", "pip"} <= wheels
+    # pip installs the others on the node and is not installed itself.
+    assert pip_wheel(directory).name.startswith("pip-")
+    assert pip_wheel(directory) not in install_wheels(directory) and agent_wheel(directory) in install_wheels(directory)
     built = agent_wheel(directory).stat().st_mtime
     assert wheels_ensure(tmp_path) == directory and agent_wheel(directory).stat().st_mtime == built
 

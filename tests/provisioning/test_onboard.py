@@ -6,9 +6,13 @@ runs it through the web process, a Celery worker and ``llmgw ctl``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
@@ -21,7 +25,7 @@ from provisioning.choices import JobKind, JobStatus
 from provisioning.models import Job
 from provisioning.onboarding import job_onboard_create
 from provisioning.validation import RequestInvalid
-from tests.conftest import free_port
+from tests.conftest import free_port, mtls_client
 
 from .conftest import job_run
 from .sshnode import TEST_USER, SshNode, node_root
@@ -210,3 +214,55 @@ def test_bad_requests_are_refused_by_field(quick, agent_api):
                                         host_key_fingerprint="MD5:aa", root="relative"))
     assert set(refused.value.errors) == {"node", "addr", "fabrics", "host_key_fingerprint", "root"}
     assert not Job.objects.exists()
+
+
+def test_reinstall_upgrades_in_place_then_a_wiped_machine_gets_a_new_identity(quick, agent_api, ssh_nodes, tmp_path):
+    node = ssh_nodes("onb-again", 209)
+    client = admin_client()
+    assert client.post("/api/v1/jobs/onboard/", request_for(node, agent_api), format="json").status_code == 201
+    first = job_run(Job.objects.get(node_name="onb-again").pk, timeout=120)
+    assert first.status == JobStatus.SUCCEEDED, (first.status_reason, node.agent_log())
+    [cert] = Certificate.objects.filter(common_name="onb-again")
+    agent_before = node.agent_pid()
+    installed = (node.root / "opt/llmgw-agent/venv").readlink()
+
+    # Reinstalling a healthy node: the same build and key stay, the agent is restarted.
+    answer = client.post("/api/v1/jobs/onboard/", request_for(node, agent_api, reinstall=True), format="json")
+    assert answer.status_code == 201, answer.content
+    job = job_run(answer.json()["id"], timeout=120)
+    assert job.status == JobStatus.SUCCEEDED, (job.status_reason, node.agent_log())
+    assert {s.name: s.status for s in job.steps.all()}["agent"] == "skipped"
+    assert (node.root / "opt/llmgw-agent/venv").readlink() == installed
+    assert list(Certificate.objects.filter(common_name="onb-again")) == [cert]
+    assert node.agent_pid() not in (None, agent_before), "the unit was restarted"
+
+    # The machine is reinstalled (its disk wiped, the agent gone): a new key on
+    # the node, a new certificate, and the old one refused from then on.
+    old_cert, old_key = tmp_path / "old.pem", tmp_path / "old-key.pem"
+    old_cert.write_bytes((node.root / "etc/llmgw/onb-again.pem").read_bytes())
+    old_key.write_bytes(node_key(node))
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes((node.root / "etc/llmgw/ca.pem").read_bytes())
+    os.kill(node.agent_pid(), signal.SIGKILL)
+    for wiped in ("etc/llmgw", "opt/llmgw-agent", "var/lib/llmgw-agent"):
+        shutil.rmtree(node.root / wiped, ignore_errors=True)
+    answer = client.post("/api/v1/jobs/onboard/", request_for(node, agent_api, reinstall=True), format="json")
+    job = job_run(answer.json()["id"], timeout=120)
+    assert job.status == JobStatus.SUCCEEDED, (job.status_reason, node.agent_log())
+    assert node_key(node) != old_key.read_bytes()
+    old = Certificate.objects.get(pk=cert.pk)
+    [new] = Certificate.objects.filter(common_name="onb-again", revoked_at=None)
+    assert old.revocation_reason == f"superseded by {new.serial} (onboarding job {job.pk})"
+    assert "superseded" in job.steps.get(name="certificate").log[-1]["line"]
+    from nodes.models import Event
+    revoked = Event.objects.get(subject=f"certificate/{cert.serial}")
+    assert revoked.node.name == "onb-again" and "revoked by ops: superseded by" in revoked.message
+    # Refused: a 403 naming the revocation, or (once the listener's copy of
+    # the revoked serials is fresh) the connection closed after the handshake.
+    with mtls_client(str(old_cert), str(old_key), str(ca), timeout=10) as mtls:
+        try:
+            refused = mtls.post(f"{agent_api.url}/agent/v1/nodes/onb-again/heartbeat", json={})
+        except httpx.TransportError:
+            assert "revoked certificate cn=onb-again serial=" + cert.serial in agent_api.log()
+        else:
+            assert refused.status_code == 403 and "revoked" in refused.json()["error"]
