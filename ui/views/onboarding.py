@@ -135,9 +135,11 @@ def node_reonboard(request, name: str):
     request_ = {**reonboard_carried(last_onboard_params(name)), **request_, "node": name, "reinstall": True}
     if not request_.get("host_key_fingerprint") and not prov_selectors.node_host_key(node_name=name):
         errors["host_key_fingerprint"] = (
-            f"no host key is pinned for {name} (llmgw did not make or onboard this machine): read its fingerprint "
-            "on its console (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub) and give it")
-    if not errors:
+            f"no host key is pinned for {name} (no llmgw job has connected to it): read its fingerprint on its "
+            "console (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub) and give it")
+    if errors:
+        errors = _checked(request_, errors)
+    else:
         try:
             job = job_onboard_create(request=request_, user=request.user)
         except RequestInvalid as exc:
