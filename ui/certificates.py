@@ -20,7 +20,7 @@ class CertState:
     not_before: dt.datetime
     not_after: dt.datetime
     state: str  # valid, superseded, revoked, expired
-    detail: str  # "superseded by 3f2a", the revocation's reason, ""
+    detail: str  # "by 3f2a" (superseded), the revocation's reason, ""
     revoked_at: dt.datetime | None
     live: bool  # the one the agent should be using
 
@@ -40,7 +40,7 @@ def _state(cert, now: dt.datetime) -> tuple[str, str]:
     if cert.revoked_at is not None:
         reason = cert.revocation_reason or ""
         if reason.startswith(SUPERSEDED):
-            return SUPERSEDED_STATE, reason
+            return SUPERSEDED_STATE, "by " + reason[len(SUPERSEDED):]
         return REVOKED, reason
     if cert.not_after <= now:
         return EXPIRED, ""
