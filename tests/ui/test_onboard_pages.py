@@ -8,7 +8,9 @@ in test_certificates.py). No Celery worker: a job is queued and stays queued."""
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
+import time
 from html.parser import HTMLParser
 
 import asyncssh
@@ -159,6 +161,23 @@ def test_an_unreachable_machine_is_said_so_and_nothing_is_created(admin_client_u
     body = response.content.decode()
     assert f"<strong>addr</strong>: could not read the host key of 127.0.1.222:{port}" in body
     assert "nothing was created" in body and 'id="host-key-read"' not in body
+    assert not Job.objects.exists()
+
+
+def test_a_machine_that_never_answers_is_given_up_on_within_the_bound(admin_client_ui, monkeypatch):
+    from ui.views import onboarding
+
+    monkeypatch.setattr(onboarding, "HOST_KEY_TIMEOUT", 0.5)
+    with socket.socket() as silent:  # the kernel accepts the connection; nothing ever speaks SSH on it
+        silent.bind(("127.0.1.222", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        response = admin_client_ui.post("/provisioning/onboard/", {
+            "node": "onb-mute", "addr": "127.0.1.222", "ssh_port": str(port), "step": "read-key"})
+        waited = time.monotonic() - started
+    assert response.status_code == 400 and waited < 5
+    assert f"127.0.1.222:{port}: no SSH answer within 0.5 s" in response.content.decode()
     assert not Job.objects.exists()
 
 

@@ -36,7 +36,7 @@ CONFIRM = ("compare it with the fingerprint the machine's console shows, then ti
 
 def _unreachable(exc: BaseException) -> str:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        return f"no SSH answer within {HOST_KEY_TIMEOUT:.0f} s"
+        return f"no SSH answer within {HOST_KEY_TIMEOUT:g} s"
     if isinstance(exc, asyncssh.Error):
         return exc.reason or type(exc).__name__
     return str(exc) or type(exc).__name__
