@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from .views import cluster, events, gateway, nodes, provisioning, replicas
+from .views import cluster, events, gateway, nodes, onboarding, provisioning, replicas
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="ui/login.html"), name="ui-login"),
@@ -15,6 +15,7 @@ urlpatterns = [
     path("nodes/<str:name>/drain/", nodes.node_drain, name="ui-node-drain"),
     path("nodes/<str:name>/drain/cancel/", nodes.node_drain_cancel, name="ui-node-drain-cancel"),
     path("nodes/<str:name>/revoke/", nodes.node_revoke, name="ui-node-revoke"),
+    path("nodes/<str:name>/reonboard/", onboarding.node_reonboard, name="ui-node-reonboard"),
     path("replicas/", replicas.replicas_page, name="ui-replicas"),
     path("replicas/live/", replicas.replicas_live, name="ui-replicas-live"),
     path("replicas/<int:replica_id>/", replicas.replica_page, name="ui-replica"),
@@ -29,6 +30,7 @@ urlpatterns = [
     path("provisioning/", provisioning.provisioning_page, name="ui-provisioning"),
     path("provisioning/live/", provisioning.jobs_live, name="ui-jobs-live"),
     path("provisioning/vm/", provisioning.job_new_vm, name="ui-job-new-vm"),
+    path("provisioning/onboard/", onboarding.job_onboard, name="ui-job-onboard"),
     path("provisioning/jobs/<int:job_id>/retry/", provisioning.job_retry, name="ui-job-retry"),
     path("provisioning/jobs/<int:job_id>/cancel/", provisioning.job_cancel, name="ui-job-cancel"),
 ]

@@ -59,7 +59,8 @@ PAGES = [
     ("catalog", "/catalog/", ["catalog.yaml", "Preview"]),
     ("events", "/events/", ["node/node03", "no heartbeat for 60 s"]),
     ("gateway", "/gateway/", ["demo", "Create key", "llama-70b"]),
-    ("provisioning", "/provisioning/", ["pve1", "node09", "Retry", "New VM"]),
+    ("provisioning", "/provisioning/", ["pve1", "node09", "Retry", "New VM", "Onboard it when it is made",
+                                        "Add existing machine"]),
 ]
 
 
@@ -176,3 +177,65 @@ def test_a_node_going_lost_shows_without_a_reload(seeded, superuser, web_factory
     expect(card).to_have_class("node lost", timeout=15_000)
     assert page.evaluate("window.__not_reloaded") is True
     screenshot(page, "cluster-node-lost")
+
+
+def test_add_existing_machine_reads_its_host_key_then_onboards(seeded, superuser, web_factory, page):
+    """Against a real OpenSSH sshd on a loopback address: the key read by the
+    web process, confirmed, the job listed; then the node page's certificate
+    states and its Re-onboard card."""
+    import datetime as dt
+
+    from django.utils import timezone
+    from playwright.sync_api import expect
+
+    from pki.models import Certificate
+    from provisioning import sshkeys
+    from provisioning.models import Job
+    from tests.conftest import free_port
+    from tests.provisioning.sshnode import SshNode, node_root
+
+    host = "127.0.1.223"
+    machine = SshNode("onb-web", host, free_port(host), node_root("llmgw-onb-web-"), []).start()
+    try:
+        web = web_factory()
+        login(page, web.url, "root", PASSWORD, "/provisioning/")
+        form = page.locator("#add-machine")
+        form.get_by_label("Node id (hostname)").fill("onb-web")
+        form.get_by_label("SSH address").fill(host)
+        form.get_by_label("SSH port").fill(str(machine.port))
+        form.get_by_label("Fabrics, one a line").fill("ib-a:mlx5_0,mlx5_1")
+        form.get_by_label("Management interface").fill("lo")
+        form.get_by_role("button", name="Read host key").click()
+        fingerprint = sshkeys.fingerprint(machine.host_key)
+        expect(page.locator("#host-key-read")).to_have_text(fingerprint)
+        expect(page.locator("#host-key")).to_contain_text("ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub")
+        expect(page.locator("#add-fingerprint")).to_have_value(fingerprint)
+        expect(page.locator("#add-fabrics")).to_have_value("ib-a:mlx5_0,mlx5_1")
+        assert not Job.objects.filter(node_name="onb-web").exists()
+        problems = accessibility_problems(page)
+        screenshot(page, "provisioning-host-key")
+        page.get_by_label("I compared it with the fingerprint on the machine's console").check()
+        page.locator("#add-machine").get_by_role("button", name="Onboard", exact=True).click()
+        job = Job.objects.get(node_name="onb-web")
+        expect(page.locator(".messages")).to_contain_text(f"Job {job.pk} queued: onboard onb-web")
+        expect(page.locator(f"#jobs tr[data-job='{job.pk}']")).to_contain_text("onboard")
+        assert job.params["host_key_fingerprint"] == fingerprint and job.params["addr"] == host
+        assert job.params["fabrics"] == [{"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}]
+        screenshot(page, "provisioning-onboarded")
+    finally:
+        machine.remove()
+
+    # node01: its live certificate (from the seeds) and an older one it superseded.
+    now, live = timezone.now(), Certificate.objects.get(common_name="node01")
+    Certificate.objects.create(serial="0ld5e41", common_name="node01", kind="client", pem="-",
+                               not_before=now - dt.timedelta(days=60), not_after=now - dt.timedelta(days=30),
+                               fingerprint_sha256="0" * 64, revoked_at=now - dt.timedelta(days=40),
+                               revocation_reason=f"superseded by {live.serial}")
+    page.goto(f"{web.url}/nodes/node01/")
+    expect(page.locator("#certificates")).to_contain_text(f"superseded by {live.serial}")
+    expect(page.locator("#cert-rotation")).to_contain_text("two thirds of its lifetime")
+    page.locator("#reonboard summary").click()
+    expect(page.get_by_label("SSH address")).to_have_value("127.0.1.1")
+    problems += accessibility_problems(page)
+    screenshot(page, "node-reonboard")
+    assert not problems, problems

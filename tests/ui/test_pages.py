@@ -47,6 +47,8 @@ def test_a_viewer_sees_every_page_and_no_action(viewer_client, small_cluster, ur
     ("/nodes/node01/revoke/", {}), ("/models/qwen-7b/scale/", {"replicas": "5"}),
     ("/catalog/apply/", {"yaml": "models: []"}), ("/gateway/keys/", {"name": "k"}),
     ("/gateway/keys/k/revoke/", {}), ("/provisioning/vm/", {"node": "n"}),
+    ("/provisioning/onboard/", {"node": "n", "addr": "127.0.1.9", "step": "read-key"}),
+    ("/nodes/node01/reonboard/", {"addr": "127.0.1.1"}),
     ("/provisioning/jobs/1/retry/", {}), ("/provisioning/jobs/1/cancel/", {}),
 ])
 def test_a_viewer_cannot_act(viewer_client, small_cluster, url, data):

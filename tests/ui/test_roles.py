@@ -14,6 +14,7 @@ from nodes.models import Event, Node
 V, O, A = roles.VIEWER, roles.OPERATOR, roles.ADMIN
 OPERATORS, ADMINS = {O, A}, {A}
 PASSWORD = "role-password-for-tests"
+FINGERPRINT = "SHA256:" + "Q" * 43
 
 # (POST path, form, the roles that may, what the action's Event says when it is done: None if it writes none here)
 ACTIONS = [
@@ -30,6 +31,11 @@ ACTIONS = [
     ("/provisioning/vm/", {"node": "node09", "hypervisor": "pve1", "vmid": "144", "ip": "10.0.0.144/24",
                            "gateway": "10.0.0.1", "cores": "8", "memory": "16384", "disk": "200G"}, ADMINS,
      "queued by the-{who}"),
+    ("/provisioning/onboard/", {"node": "node09", "addr": "127.0.1.99", "host_key_fingerprint": FINGERPRINT,
+                                "confirmed": "on", "step": "onboard"}, ADMINS,
+     "onboard node09 at 127.0.1.99 (fabrics none (island)) queued by the-{who}"),
+    ("/nodes/node01/reonboard/", {"addr": "127.0.1.1", "fabrics": "ib-a", "host_key_fingerprint": FINGERPRINT},
+     ADMINS, "onboard node01 at 127.0.1.1 (fabrics ib-a:mlx5_0,mlx5_1) queued by the-{who}"),
     ("/provisioning/jobs/{failed}/retry/", {}, ADMINS, "retried by user the-{who}"),
     ("/provisioning/jobs/{queued}/cancel/", {}, ADMINS, "cancelled by user the-{who}"),
 ]
@@ -125,6 +131,8 @@ SEES = [
     ("/gateway/", "Create key", OPERATORS),
     ("/gateway/", 'action="/gateway/keys/demo/revoke/"', OPERATORS),
     ("/provisioning/", 'id="new-vm"', ADMINS),
+    ("/provisioning/", 'id="add-machine"', ADMINS),
+    ("/nodes/node01/", 'action="/nodes/node01/reonboard/"', ADMINS),
     ("/provisioning/", "/retry/", ADMINS),
     ("/provisioning/", "/cancel/", ADMINS),
 ]
@@ -151,10 +159,13 @@ BUTTONS = [
     ("/nodes/node01/", "Revoke the certificate of node01", ADMINS),
     ("/gateway/", "Create key", OPERATORS),
     ("/provisioning/", "Provision", ADMINS),
+    ("/provisioning/", "Read host key", ADMINS),
+    ("/nodes/node01/", "Re-onboard node01", ADMINS),
     ("/provisioning/", "Retry", ADMINS),
 ]
 # (a POST each role below the one that may is refused, the roles refused)
-REFUSED = [("/nodes/node01/cordon/", {V}), ("/nodes/node01/revoke/", {V, O}), ("/provisioning/vm/", {V, O})]
+REFUSED = [("/nodes/node01/cordon/", {V}), ("/nodes/node01/revoke/", {V, O}), ("/provisioning/vm/", {V, O}),
+           ("/provisioning/onboard/", {V, O}), ("/nodes/node01/reonboard/", {V, O})]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import render
+from django.utils import timezone
 
 from nodes import selectors as node_selectors
 from nodes import services as node_services
@@ -18,8 +19,10 @@ from replicas import drain as drain_services
 from replicas.choices import DRAIN_ACTIVE, PLACED, DrainOutcome
 from replicas.models import Drain, GpuAllocation, Member
 
+from ..certificates import cert_states
 from ..cluster import replica_colour
 from .access import actor, back, operation, viewer
+from .onboarding import reonboard_context
 
 
 def _by_id(item) -> int:
@@ -68,9 +71,11 @@ def _node_context(name: str) -> dict:
 @viewer("nodes.view_node")
 def node_page(request, name: str):
     context = _node_context(name)
-    context["certificates"] = Certificate.objects.filter(
-        common_name=name, kind=CertificateKind.CLIENT).order_by("-not_after")[:5]
+    certificates = Certificate.objects.filter(common_name=name, kind=CertificateKind.CLIENT).order_by("-not_after")
+    context["certificates"], context["renewal"] = cert_states(certificates[:10], now=timezone.now())
     context["events"] = node_selectors.event_list(node=name)[:50]
+    if request.user.has_perm("provisioning.run_provisioning"):
+        context.update(reonboard_context(context["node"]))
     return render(request, "ui/node.html", context)
 
 

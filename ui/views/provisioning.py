@@ -10,6 +10,7 @@ from provisioning import services as prov_services
 from provisioning.choices import JobStatus, StepStatus
 from provisioning.validation import RequestInvalid
 
+from ..onboard_form import VM_ONBOARD_PREFIX, VM_ONBOARD_TEXT, form_read, vm_onboard_body
 from .access import actor, back, operation, viewer
 
 FINISHED_STEPS = {StepStatus.DONE, StepStatus.SKIPPED}
@@ -28,13 +29,15 @@ def _jobs():
     return jobs
 
 
-def _context(**extra) -> dict:
-    return {"hypervisors": prov_selectors.hypervisor_list(), "jobs": _jobs(), "form": {}, "errors": {}, **extra}
+def page_context(**extra) -> dict:
+    """The page, with its two forms: New VM (vm_*) and Add existing machine (add_*)."""
+    return {"hypervisors": prov_selectors.hypervisor_list(), "jobs": _jobs(), "vm_form": {}, "vm_errors": {},
+            "add_form": {}, "add_errors": {}, "host_key": None, **extra}
 
 
 @viewer("provisioning.view_job", "provisioning.view_hypervisor")
 def provisioning_page(request):
-    return render(request, "ui/provisioning.html", _context())
+    return render(request, "ui/provisioning.html", page_context())
 
 
 @viewer("provisioning.view_job")
@@ -53,23 +56,32 @@ def _int(value: str, field: str, errors: dict):
 @operation("provisioning.run_provisioning")
 def job_new_vm(request):
     form = {f: request.POST.get(f, "").strip() for f in VM_FIELDS}
+    onboard = form_read(request.POST, VM_ONBOARD_TEXT, ("skip_gpus",), prefix=VM_ONBOARD_PREFIX)
+    form["onboard"] = bool(request.POST.get("onboard"))
+    form.update({VM_ONBOARD_PREFIX + k: v for k, v in onboard.items()})
     errors: dict[str, str] = {}
-    data = {k: v for k, v in form.items() if v != ""}
+    data = {k: v for k, v in form.items() if k in VM_FIELDS and v != ""}
     for field in ("vmid", "cores", "memory"):
         if field in data:
             data[field] = _int(data[field], field, errors)
     for field in ("node", "vmid", "ip", "gateway"):
         if field not in data:
             errors[field] = "required"
+    if form["onboard"]:
+        data["onboard"] = vm_onboard_body(onboard)
+    elif any(onboard.values()):
+        # As 'llmgw ctl provision' refuses --fabric without --onboard: what was typed is not dropped silently.
+        errors["onboard"] = "the onboarding fields are filled in: tick 'Onboard it when it is made', or empty them"
     if not errors:
         try:
             job = prov_services.job_provision_create(request=data, user=request.user)
         except RequestInvalid as exc:
             errors = dict(exc.errors)
         else:
-            messages.success(request, f"Job {job.pk} queued: provision {job.node_name}.")
+            then = "; onboarding follows once the VM answers" if form["onboard"] else ""
+            messages.success(request, f"Job {job.pk} queued: provision {job.node_name}{then}.")
             return redirect("ui-provisioning")
-    return render(request, "ui/provisioning.html", _context(form=form, errors=errors), status=400)
+    return render(request, "ui/provisioning.html", page_context(vm_form=form, vm_errors=errors), status=400)
 
 
 @operation("provisioning.run_provisioning")
