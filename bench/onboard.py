@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Onboarding benchmark: many machines onboarded at once over real SSH.
 
-    .venv/bin/python bench/onboard.py                  # 20 nodes, 4 worker threads
+    .venv/bin/python bench/onboard.py                  # 20 nodes, a worker of 8 threads (as llmgw up)
     .venv/bin/python bench/onboard.py --nodes 40 --concurrency 8
 
 Each machine is a real OpenSSH sshd on its own loopback address (127.0.1.x)
@@ -43,11 +43,18 @@ def _recreate_database(server: str) -> None:
         conn.execute(f"CREATE DATABASE {DB_NAME}")
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=20)
-    parser.add_argument("--concurrency", type=int, default=4, help="worker threads or processes (4)")
-    parser.add_argument("--pool", default="prefork", choices=["threads", "prefork"], help="the worker's pool")
+    parser.add_argument("--concurrency", type=int, default=8, help="worker threads or processes (8, as llmgw up)")
+    parser.add_argument("--pool", default="threads", choices=["threads", "prefork"], help="the worker's pool (threads, as llmgw up)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--timeout", type=float, default=300)
@@ -112,7 +119,7 @@ def main() -> int:
             machines.append(SshNode(f"bench-onb{i:02d}", host, free_port(host), node_root(f"llmgw-bench-onb{i:02d}-"),
                                     [key], fabrics=[KitFabric("ib-a", ("mlx5_0", "mlx5_1"))]).start())
         time.sleep(3)
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), _cpu_jiffies()
         ids = [job_onboard_create(request=dict(
             node=m.node_id, addr=m.host, ssh_port=m.port, fabrics=["ib-a"], mgmt_interface="lo",
             nvidia_smi=str(m.nvidia_smi), ib_root=str(m.ib_root), root=str(m.root),
@@ -123,6 +130,7 @@ def main() -> int:
                 break
             time.sleep(0.2)
         wall = time.monotonic() - started
+        cpu_after = _cpu_jiffies()
     finally:
         for machine in machines:
             machine.remove()
@@ -136,7 +144,11 @@ def main() -> int:
     durations = defaultdict(list)
     for step in Step.objects.filter(job_id__in=ids).exclude(started_at=None).exclude(finished_at=None):
         durations[step.title].append(((step.finished_at - step.started_at).total_seconds(), step.job.node_name))
-    print(f"nodes: {len(ids)}, worker pool: {args.pool} x {args.concurrency}")
+    busy = (cpu_after[0] - cpu_before[0]) / max(1, cpu_after[1] - cpu_before[1])
+    cpu_seconds = (cpu_after[0] - cpu_before[0]) / os.sysconf("SC_CLK_TCK")
+    print(f"nodes: {len(ids)}, worker pool: {args.pool} x {args.concurrency}; machine: {os.cpu_count()} cores, "
+          f"{busy:.0%} busy during the run ({cpu_seconds:.0f} CPU-seconds, {cpu_seconds / len(ids):.1f} per node, "
+          "control plane and nodes together)")
     print(f"all ready in {wall:.1f} s: jobs {dict(statuses)}, nodes heartbeating {heartbeating}, "
           f"wheel builds {len(builds)}")
     for title, values in durations.items():

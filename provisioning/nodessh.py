@@ -8,6 +8,7 @@ use: no known_hosts file, and never ``known_hosts=None``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import shlex
 from dataclasses import dataclass
@@ -89,11 +90,18 @@ class Session:
 
     async def write(self, path: str, data: str, *, mode: str = "0644") -> Result:
         """Write a file atomically (install into place), as root."""
-        directory = path.rsplit("/", 1)[0] or "/"
-        q = shlex.quote
-        return await self.run(
-            f"umask 077 && mkdir -p {q(directory)} && tmp=$(mktemp {q(path)}.XXXXXX) && cat > \"$tmp\" "
-            f"&& chmod {mode} \"$tmp\" && mv -f \"$tmp\" {q(path)}", input=data)
+        return await self.run(write_command(path, data, mode=mode))
+
+
+def write_command(path: str, data: str, *, mode: str = "0644") -> str:
+    """A shell command that writes ``data`` to ``path`` atomically (a temporary
+    file beside it, then mv), to chain with others in one command: every
+    command is a shell started on the node, and some shells start slowly."""
+    directory = path.rsplit("/", 1)[0] or "/"
+    q = shlex.quote
+    encoded = base64.b64encode(data.encode()).decode()
+    return (f"(umask 077 && mkdir -p {q(directory)} && tmp=$(mktemp {q(path)}.XXXXXX) && "
+            f"printf %s {encoded} | base64 -d > \"$tmp\" && chmod {mode} \"$tmp\" && mv -f \"$tmp\" {q(path)})")
 
 
 async def session_open(*, host: str, port: int, user: str, pin: Pin) -> Session:
@@ -121,8 +129,9 @@ async def session_open(*, host: str, port: int, user: str, pin: Pin) -> Session:
         raise NodeUnreachable(f"cannot reach {host}:{port} over SSH: {exc or type(exc).__name__}") from None
     host_key = conn.get_server_host_key().export_public_key("openssh").decode().strip()
     session = Session(conn, host_key)
-    uid = await session.run("id -u", privileged=False)
-    session.root = uid.out.strip() == "0"
+    if user != "root":
+        uid = await session.run("id -u", privileged=False)
+        session.root = uid.out.strip() == "0"
     return session
 
 

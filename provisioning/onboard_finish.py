@@ -75,14 +75,14 @@ def certificate(ctx: StepContext):
     ca_pem = (pki_dir() / CA_CERT).read_text()
 
     async def read(s: nodessh.Session):
-        csr = await s.run(f"mkdir -p {q(str(p.etc))} && {q(str(p.agent))} csr --node {q(node)} --key {q(str(p.key))}")
-        _must(csr, "making the node's key and certificate request (llmgw-agent csr)")
-        held = await s.run(f"cat {q(str(p.cert))} 2>/dev/null; echo '#ca'; cat {q(str(p.ca))} 2>/dev/null; true")
-        return csr.out, held.out
+        got = await s.run(f"mkdir -p {q(str(p.etc))} && {q(str(p.agent))} csr --node {q(node)} --key {q(str(p.key))} "
+                          f"&& echo '#cert' && {{ cat {q(str(p.cert))} 2>/dev/null; echo '#ca'; "
+                          f"cat {q(str(p.ca))} 2>/dev/null; true; }}")
+        return _must(got, "making the node's key and certificate request (llmgw-agent csr)")
     got = _ssh(ctx, read)
     if isinstance(got, Wait):
         return got
-    csr_text, held = got
+    csr_text, _, held = got.partition("#cert")
     cert_text, _, ca_text = (part.strip() for part in held.partition("#ca"))
     try:
         csr = csr_load(csr_text)
@@ -100,11 +100,11 @@ def certificate(ctx: StepContext):
         what = "signed" if signed.new else "signed earlier for this key, sent again"
 
     async def write(s: nodessh.Session):
-        if cert_pem is not None:
-            _must(await s.write(str(p.cert), cert_pem), "writing the certificate")
-            _must(await s.write(str(p.ca), ca_pem), "writing the CA root")
-        return _must(await s.run(TRUST.format(root=q(str(p.root)), ca=q(str(p.ca)))),
-                     "trusting the CA root system-wide").strip()
+        writes = "" if cert_pem is None else (
+            f"{{ {nodessh.write_command(str(p.cert), cert_pem)} && {nodessh.write_command(str(p.ca), ca_pem)} "
+            "|| { echo 'writing the certificate and the CA root failed' >&2; exit 1; }; } && ")
+        return _must(await s.run(writes + TRUST.format(root=q(str(p.root)), ca=q(str(p.ca)))),
+                     "writing the certificate and trusting the CA root system-wide").strip()
     trust = _ssh(ctx, write)
     if isinstance(trust, Wait):
         return trust
@@ -138,12 +138,15 @@ def configure(ctx: StepContext):
             "writes it again.\n" + yaml.safe_dump(agent_config(ctx.job), sort_keys=False))
 
     async def body(s: nodessh.Session):
-        _must(await s.write(str(p.config), text), "writing agent.yaml")
-        _must(await s.run(f"mkdir -p {q(str(p.work_dir))}"), "making the work directory")
-        return await s.run(f"{q(str(p.agent))} check-config --config {q(str(p.config))}")
+        return await s.run(
+            f"{nodessh.write_command(str(p.config), text)} || {{ echo 'writing agent.yaml failed' >&2; exit 90; }}; "
+            f"mkdir -p {q(str(p.work_dir))} || exit 90; "
+            f"{q(str(p.agent))} check-config --config {q(str(p.config))}")
     got = _ssh(ctx, body)
     if isinstance(got, Wait):
         return got
+    if got.rc == 90:
+        raise StepFailed(f"writing agent.yaml and its work directory failed: {got.text()}")
     if got.rc != 0:
         raise StepFailed(f"the agent refuses its configuration: {got.text()}")
     return Done(f"{p.config} written and checked by the agent")
@@ -161,14 +164,15 @@ def start(ctx: StepContext):
     text = unit_text(ctx.job)
 
     async def body(s: nodessh.Session):
-        held = await s.run(f"cat {q(str(p.unit))} 2>/dev/null; true")
-        active = await s.run(f"systemctl is-active {UNIT}")
-        if held.out == text and active.out.strip() == "active" and not reinstall:
+        state = await s.run(f"systemctl is-active {UNIT}; echo '#unit'; cat {q(str(p.unit))} 2>/dev/null; true")
+        active, _, held = state.out.partition("#unit\n")
+        active = active.strip()
+        if held == text and active == "active" and not reinstall:
             return None
-        _must(await s.write(str(p.unit), text), "installing the unit")
-        restart = f" && systemctl restart {UNIT}" if reinstall or active.out.strip() == "active" else ""
-        return _must(await s.run(f"systemctl daemon-reload && systemctl enable --now {UNIT}{restart}"),
-                     "systemctl enable --now")
+        restart = f" && systemctl restart {UNIT}" if reinstall or active == "active" else ""
+        return _must(await s.run(f"{nodessh.write_command(str(p.unit), text)} && systemctl daemon-reload && "
+                                 f"systemctl enable --now {UNIT}{restart}"),
+                     "installing the unit and systemctl enable --now")
     got = _ssh(ctx, body)
     if isinstance(got, Wait):
         return got
@@ -213,9 +217,9 @@ def first_heartbeat(ctx: StepContext):
                     + (", ".join(inventory["fabrics"]) or "none (island)"))
 
     async def body(s: nodessh.Session):
-        active = await s.run(f"systemctl is-active {UNIT}")
-        log = await s.run(f"journalctl -u {UNIT} -n 40 --no-pager -o cat 2>&1; true")
-        return active.out.strip(), log.out
+        got = await s.run(f"systemctl is-active {UNIT}; echo '#log'; journalctl -u {UNIT} -n 40 --no-pager -o cat 2>&1; true")
+        active, _, log = got.out.partition("#log\n")
+        return active.strip(), log
     got = _ssh(ctx, body)
     if isinstance(got, Wait):
         return got

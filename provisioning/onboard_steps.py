@@ -218,20 +218,22 @@ def agent_install(ctx: StepContext):
     digest = wheels.name
 
     async def body(s: nodessh.Session):
-        have = await s.run(f'[ "$(readlink {q(str(paths_.venv))})" = {q(digest)} ] && {q(str(paths_.agent))} version')
-        if have.ok:
-            return None
         staging = f"/tmp/llmgw-agent-{digest}-job{ctx.job.pk}"
-        _must(await s.run(f"rm -rf {q(staging)} && mkdir -m 700 {q(staging)}", privileged=False), "mkdir")
+        # One command: installed already, or a fresh staging directory (the
+        # SSH user's: sftp writes into it).
+        have = await s.run(f'if [ "$(readlink {q(str(paths_.venv))})" = {q(digest)} ] && '
+                           f'{q(str(paths_.agent))} version >/dev/null 2>&1; then echo installed; '
+                           f'else rm -rf {q(staging)} && mkdir -m 700 {q(staging)}; fi', privileged=False)
+        _must(have, "making the staging directory")
+        if have.out.strip() == "installed":
+            return None
         async with s.conn.start_sftp_client() as sftp:
             await sftp.put([str(w) for w in sorted(wheels.glob("*.whl"))], staging)
         script = _install_script(
             agent_dir=str(paths_.agent_dir), digest=digest,
             pip_wheel=f"{staging}/{agentwheel.pip_wheel(wheels).name}",
             wheels=[f"{staging}/{w.name}" for w in agentwheel.install_wheels(wheels)])
-        out = await s.run(f"sh -ec {q(script)}")
-        await s.run(f"rm -rf {q(staging)}", privileged=False)
-        return out
+        return await s.run(f"sh -ec {q(script)}; rc=$?; rm -rf {q(staging)}; exit $rc")
     got = _ssh(ctx, body)
     if isinstance(got, Wait):
         return got
