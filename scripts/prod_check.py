@@ -191,6 +191,19 @@ def main() -> int:
 
         wait_for("ready replica of prod-check", replica_ready, timeout=90, procs=procs)
         log("a sim replica is ready: web, agent API, worker and beat all ran from a runtime-only install")
+
+        # Onboarding builds the agent's wheels and installs its unit from the
+        # installed package (agent/dist), not from a checkout.
+        python = str(venv / "bin" / "python")
+        run([python, "-c", "from provisioning.agentwheel import PYPROJECT, UNIT_FILE, AGENT_SRC; "
+                           "import sys; assert 'site-packages' in str(AGENT_SRC), AGENT_SRC; "
+                           "assert PYPROJECT.is_file() and UNIT_FILE.is_file(), (PYPROJECT, UNIT_FILE)"],
+            env=env, cwd=cwd)
+        built = run([python, "-m", "provisioning.agentwheel", str(work / "agent-wheels")], env=env, cwd=cwd)
+        names = [Path(line).name for line in built.stdout.split()]
+        if not any(n.startswith("llmgw_agent-") for n in names) or not any(n.startswith("pip-") for n in names):
+            raise SystemExit(f"prod-check: the agent's wheels from the installed package lack the agent or pip: {names}")
+        log(f"the agent's wheels build from the installed package ({len(names)} wheels)")
         return 0
     except (SystemExit, subprocess.CalledProcessError) as exc:
         if isinstance(exc, subprocess.CalledProcessError):
