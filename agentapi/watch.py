@@ -152,8 +152,9 @@ class AgentApiWatchWorker(AgentApiWorker):
 
         while True:
             try:
-                pubsub = liveness.store().client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(watch.CHANNEL)
+                client = liveness.store().client
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(liveness.channel_scoped(client, watch.CHANNEL))
                 for message in pubsub.listen():
                     if message.get("type") == "message":
                         self._changed(message["data"].decode())

@@ -89,7 +89,7 @@ class HeartbeatFeed:
         while True:
             pubsub = self.client.pubsub()
             try:
-                pubsub.subscribe(GENERATION_CHANNEL)
+                pubsub.subscribe(channel_scoped(self.client, GENERATION_CHANNEL))
                 while True:
                     # get_message polls: a blocking read would hit the client's socket timeout.
                     message = pubsub.get_message(timeout=1.0)
@@ -146,6 +146,13 @@ class HeartbeatFeed:
                     logger.warning("cannot write %d heartbeats to Redis: %s; retrying", len(batch), exc)
                     outages.dependency_failed(exc)
                 failing = self.writes_failing = True
+
+
+def channel_scoped(client: redis.Redis, channel: str) -> str:
+    """Pub/sub channels are server-wide, not per database: a channel names
+    its database, so that two deployments (or test runs) sharing one Redis
+    server do not wake each other."""
+    return f"{channel}:db{client.connection_pool.connection_kwargs.get('db', 0)}"
 
 
 class RedisLiveness:
@@ -236,10 +243,11 @@ class RedisLiveness:
     def bump_many(self, nodes: list[str], *, channel: str) -> None:
         """Bump many generations and wake their long-polls, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
+        generations, changed = channel_scoped(self.client, GENERATION_CHANNEL), channel_scoped(self.client, channel)
         for node in nodes:
             pipe.hincrby(GENERATION_KEY, node, 1)
-            pipe.publish(GENERATION_CHANNEL, node)
-            pipe.publish(channel, node)
+            pipe.publish(generations, node)
+            pipe.publish(changed, node)
         pipe.execute()
 
     def mark_listener_alive(self, at: float) -> None:
