@@ -65,7 +65,13 @@ def host_key_fetch(host: str, port: int, timeout: float) -> str:
     async def fetch():
         return await asyncio.wait_for(asyncssh.get_server_host_key(host, port), timeout)
 
-    key = asyncio.run(fetch())
+    # Not asyncio.run: it would wait at the end for a name lookup still hung
+    # in the executor's thread, past the timeout (a web request calls this).
+    loop = asyncio.new_event_loop()
+    try:
+        key = loop.run_until_complete(fetch())
+    finally:
+        loop.close()  # its executor is shut down without waiting
     if key is None:
         raise OSError(f"{host}:{port} presented no host key")
     return key.export_public_key("openssh").decode().strip()
