@@ -57,6 +57,7 @@ TABLE = [
     ("patch", "/api/v1/hypervisors/nope/", {"port": 1}, ADMINS),
     ("delete", "/api/v1/hypervisors/nope/", None, ADMINS),
     ("post", "/api/v1/hypervisors/nope/check/", None, ADMINS),
+    ("post", "/api/v1/certificates/revoke/", {"target": "n1"}, ADMINS),
     ("post", "/api/v1/jobs/provision/", {}, ADMINS),
     ("post", "/api/v1/jobs/999/retry/", None, ADMINS),
     ("post", "/api/v1/jobs/999/cancel/", None, ADMINS),

@@ -150,6 +150,26 @@ def test_events_filters_and_order(api, cluster):
     assert api.post("/api/v1/events/", {"message": "x"}, format="json").status_code == 405
 
 
+def test_revoking_through_the_api_names_who_and_refuses_what_cannot_be(api, pki_dir):
+    first = pki_services.cert_issue_client(node_id="node01")
+    second = pki_services.cert_issue_client(node_id="node01")
+    answer = api.post("/api/v1/certificates/revoke/", {"target": first.row.serial, "reason": "laptop lost"},
+                      format="json")
+    assert answer.status_code == 200, answer.content
+    assert [r["serial"] for r in answer.json()] == [first.row.serial]
+    event = Event.objects.get(subject=f"certificate/{first.row.serial}")
+    assert "revoked by" in event.message and "laptop lost" in event.message
+    assert event.data["actor"] == "user operator" and "revoked by user operator" in event.message
+    # The node's remaining live one, by node id.
+    rows = api.post("/api/v1/certificates/revoke/", {"target": "node01"}, format="json").json()
+    assert [r["serial"] for r in rows] == [second.row.serial]
+    again = api.post("/api/v1/certificates/revoke/", {"target": "node01"}, format="json")
+    assert again.status_code == 400 and "already revoked" in again.json()["target"][0]
+    unknown = api.post("/api/v1/certificates/revoke/", {"target": "node99"}, format="json")
+    assert unknown.status_code == 400 and "llmgw ctl cert list" in unknown.json()["target"][0]
+    assert api.post("/api/v1/certificates/revoke/", {}, format="json").status_code == 400
+
+
 def test_certificates_are_read_only(api, pki_dir):
     issued = pki_services.cert_issue_client(node_id="node01")
     pki_services.cert_revoke(target="node01", reason="test")
