@@ -16,7 +16,7 @@ from nodes.exceptions import NotFound
 from .enqueue import reconcile_after_commit
 from .models import CatalogEntry
 from .scheduling import model_never_fits
-from .validation import CatalogEntryInvalid, catalog_entry_clean
+from .validation import MAX_REPLICAS, CatalogEntryInvalid, catalog_entry_clean
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +122,8 @@ def model_refresh_fit(*, model: CatalogEntry, never: str | None) -> None:
 
 
 def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
-    if replicas < 0:
-        raise CatalogInvalid([f"replicas: must be 0 or more, got {replicas}"])
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise CatalogInvalid([f"replicas: must be between 0 and {MAX_REPLICAS}, got {replicas}"])
     with transaction.atomic():
         model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
         if model is None:

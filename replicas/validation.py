@@ -41,6 +41,10 @@ def engine_problems(entry: dict[str, Any]) -> dict[str, list[str]]:
     return {}
 
 
+# The most replicas a model may want (what every entry point accepts).
+MAX_REPLICAS = 10000
+
+
 class CatalogEntryFields(serializers.ModelSerializer):
     """The shape of a catalog entry, field by field, then ``engine_problems``."""
 
@@ -49,7 +53,7 @@ class CatalogEntryFields(serializers.ModelSerializer):
     engine = serializers.ChoiceField(choices=Engine.choices)
     nodes = serializers.IntegerField(min_value=1, max_value=64, default=1)
     gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
-    replicas = serializers.IntegerField(min_value=0, max_value=10000, default=1)
+    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1)
 
     class Meta:
         model = CatalogEntry

@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from ..choices import ReplicaStatus
 from ..models import CatalogEntry, Drain, Member, Replica
-from ..validation import ENTRY_FIELDS, CatalogEntryFields
+from ..validation import ENTRY_FIELDS, MAX_REPLICAS, CatalogEntryFields
 
 
 class ModelWriteSerializer(CatalogEntryFields):
@@ -52,7 +52,7 @@ class ModelSerializer(serializers.ModelSerializer):
 
 
 class ScaleSerializer(serializers.Serializer):
-    replicas = serializers.IntegerField(min_value=0, max_value=10000, error_messages={
+    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, error_messages={
         "min_value": "must be {min_value} or more", "max_value": "must be {max_value} or less",
         "invalid": "must be a whole number"})
 

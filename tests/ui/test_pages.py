@@ -166,7 +166,9 @@ def test_scale_a_model(admin_client_ui, small_cluster):
     assert CatalogEntry.objects.get(name="qwen-7b").replicas == 3
     assert Event.objects.filter(message="qwen-7b scaled from 2 to 3 by user root").exists()
     body = admin_client_ui.post("/models/qwen-7b/scale/", {"replicas": "-1"}, follow=True).content.decode()
-    assert "must be 0 or more" in body
+    assert "must be between 0 and 10000, got -1" in body
+    body = admin_client_ui.post("/models/qwen-7b/scale/", {"replicas": "10001"}, follow=True).content.decode()
+    assert "must be between 0 and 10000, got 10001" in body
     body = admin_client_ui.post("/models/qwen-7b/scale/", {"replicas": "many"}, follow=True).content.decode()
     assert "whole number" in body
     assert CatalogEntry.objects.get(name="qwen-7b").replicas == 3

@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import redirect
+from django.http import HttpResponseRedirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -45,9 +45,11 @@ def viewer(*perms: str):
 def back(request, default: str = "/"):
     """Back to the page the form was on (same host only)."""
     target = request.POST.get("next") or request.headers.get("Referer") or default
-    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}) or not (
+            target.startswith("/") or "://" in target):
         target = default
-    return redirect(target)
+    # Not redirect(): it would take a bare word for a view's name and fail.
+    return HttpResponseRedirect(target)
 
 
 def operation(*perms: str):
