@@ -58,12 +58,11 @@ def _supersede_others(job, serial: str) -> list[str]:
     job killed in between still ends with only one."""
     others = (Certificate.objects.filter(common_name=job.node_name, kind=CertificateKind.CLIENT, revoked_at=None)
               .exclude(serial=serial).values_list("serial", flat=True))
-    who = job.created_by.get_username() if job.created_by else ""
+    who = f"user {job.created_by.get_username()}" if job.created_by else f"onboarding job {job.pk}"
     done = []
     for other in others:
         try:
-            cert_revoke(target=other, reason=f"superseded by {serial} (onboarding job {job.pk})",
-                        actor=who or f"onboarding job {job.pk}")
+            cert_revoke(target=other, reason=f"superseded by {serial} (onboarding job {job.pk})", actor=who)
         except PkiError:
             continue  # revoked meanwhile
         done.append(other)
@@ -201,9 +200,11 @@ def _heard_since(node: Node, since) -> bool:
 
 
 def first_heartbeat(ctx: StepContext):
-    # Heard since the unit was (re)started: on a reinstall the agent before
-    # it heartbeated too, and only the restarted one proves the job worked.
-    since = ctx.job.steps.get(name="start").finished_at or ctx.job.created_at
+    # Heard since the unit was started; on a reinstall, since it was
+    # restarted: the agent before heartbeated too, and only the restarted one
+    # proves the job worked.
+    start = ctx.job.steps.get(name="start")
+    since = (start.finished_at if ctx.job.params["reinstall"] else start.started_at) or ctx.job.created_at
     node = Node.objects.filter(name=ctx.job.node_name).first()
     if node is not None and not _heard_since(node, since):
         node = None

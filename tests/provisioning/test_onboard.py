@@ -256,7 +256,7 @@ def test_reinstall_upgrades_in_place_then_a_wiped_machine_gets_a_new_identity(qu
     assert "superseded" in job.steps.get(name="certificate").log[-1]["line"]
     from nodes.models import Event
     revoked = Event.objects.get(subject=f"certificate/{cert.serial}")
-    assert revoked.node.name == "onb-again" and "revoked by ops: superseded by" in revoked.message
+    assert revoked.node.name == "onb-again" and "revoked by user ops: superseded by" in revoked.message
     # Refused: a 403 naming the revocation, or (once the listener's copy of
     # the revoked serials is fresh) the connection closed after the handshake.
     with mtls_client(str(old_cert), str(old_key), str(ca), timeout=10) as mtls:
