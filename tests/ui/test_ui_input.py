@@ -28,8 +28,8 @@ def test_every_action_answers_odd_input_without_a_500(admin_client_ui, small_clu
     admin_client_ui.raise_request_exception = False
     for path in ACTIONS:
         body = {field: value for field in FIELDS}
-        for extra in ({}, {"action": "read", "addr": "127.0.0.1", "ssh_port": "1"},
-                      {"action": "onboard", "confirmed": "on", "addr": "127.0.0.1"}):
+        for extra in ({}, {"step": "read-key", "addr": "127.0.0.1", "ssh_port": "1"},
+                      {"step": "onboard", "confirmed": "on", "addr": "127.0.0.1"}):
             answer = admin_client_ui.post(path, {**body, **extra})
             assert answer.status_code < 500, (path, extra, answer.status_code)
             if answer.status_code in (301, 302):
