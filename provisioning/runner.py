@@ -1,8 +1,9 @@
 """The step runner: advances a job by running its next steps.
 
 One advance runs steps one after another until a step waits, fails or the
-job ends. Waiting never holds a worker: the advance records when to come back
-and the task is scheduled again with a countdown. A lease on the job row keeps
+job ends. Waiting never holds a worker for long: the advance records when to
+come back and the task is scheduled again with a countdown (a step may first
+look for a few seconds in place, as onboarding's first heartbeat does). A lease on the job row keeps
 two workers off one job; a worker killed mid-step lets the lease expire and
 ``services.jobs_resume_stalled`` enqueues the job again. No row lock is held
 during a step's network I/O.
