@@ -218,6 +218,10 @@ def drain_step(*, drain_id: int) -> None:
                 drain.replicas[key] = {**entry, "outcome": DrainOutcome.GONE, "reason": "it left the node otherwise"}
         moving = waiting = 0
         queued = []
+        # GPUs that stopping replicas hold are about to be free (the original
+        # of the move before this one, often): a replacement that does not
+        # fit yet is not stuck until they are.
+        freeing = Replica.objects.filter(status=ReplicaStatus.STOPPING).exists()
         for replica in replicas:
             model = replica.model
             if not replica.draining:
@@ -237,7 +241,11 @@ def drain_step(*, drain_id: int) -> None:
             # A replacement that waits while room is being made for it is not stuck.
             stuck = (Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="")
                      .exclude(pending_reason__contains=MAKING_ROOM).first())
-            if stuck is not None:
+            if stuck is not None and freeing:
+                moving += 1
+                _outcome(drain, replica, DrainOutcome.MOVING,
+                         f"waiting for the GPUs of stopping replicas ({stuck.pending_reason})")
+            elif stuck is not None:
                 waiting += 1
                 _outcome(drain, replica, DrainOutcome.WAITING, stuck.pending_reason)
             else:

@@ -226,3 +226,24 @@ def test_the_cancel_endpoint(stuck_and_movable, admin_client_api):
     assert {e["outcome"] for e in body["replicas"].values()} >= {"moved", "released"}
     again = client.post(f"/api/v1/drains/{started.pk}/cancel/")
     assert again.status_code == 409 and "only a running or blocked drain can be cancelled" in again.json()["detail"]
+
+
+def test_a_replacement_that_does_not_fit_yet_waits_while_gpus_are_being_freed(stuck_and_movable):
+    """The demo's race: the original of the move before is still stopping, so
+    the next replacement does not fit yet. Not blocked until those GPUs are free."""
+    from replicas.services import replica_transition
+
+    started, wide = _blocked_drain(stuck_and_movable)
+    moved = Replica.objects.get(model__name="small", status=ReplicaStatus.READY)
+    replica_transition(replica_id=moved.pk, to=ReplicaStatus.STOPPING, expected=PLACED, reason="test: stopping")
+    drain.drain_step(drain_id=started.pk)
+    started.refresh_from_db()
+    assert started.status == DrainStatus.RUNNING
+    entry = started.replicas[str(wide.pk)]
+    assert entry["outcome"] == DrainOutcome.MOVING and "waiting for the GPUs of stopping replicas" in entry["reason"]
+
+    replica_transition(replica_id=moved.pk, to=ReplicaStatus.STOPPED, expected=ReplicaStatus.STOPPING, reason="test")
+    drain.drain_step(drain_id=started.pk)
+    started.refresh_from_db()
+    assert started.status == DrainStatus.BLOCKED
+    assert started.replicas[str(wide.pk)]["outcome"] == DrainOutcome.WAITING
