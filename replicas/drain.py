@@ -189,9 +189,12 @@ def _outcome(drain: Drain, replica: Replica, outcome: str, reason: str = "") -> 
     return True
 
 
-def drain_step(*, drain_id: int) -> None:
+def drain_step(*, drain_id: int, may_block: bool = True) -> None:
     """Advance a drain as far as it can go now: every replica of the node is
-    looked at and its outcome recorded. Idempotent."""
+    looked at and its outcome recorded. Idempotent. ``may_block=False`` (the
+    reconcile's first pass, before it places pending replicas) never calls
+    the drain blocked: the pending reasons it would go by are from the pass
+    before."""
     node_id = Drain.objects.filter(pk=drain_id, status__in=DRAIN_ACTIVE).values_list("node_id", flat=True).first()
     if node_id is None:
         return
@@ -259,12 +262,12 @@ def drain_step(*, drain_id: int) -> None:
             moving += 1
             _outcome(drain, following, DrainOutcome.MOVING, "scheduling its replacement")
             _log(drain, f"moving {following.model.name} replica {following.pk}: scheduling its replacement")
-        _drain_settle(drain, node, moving=moving, waiting=waiting, queued=len(queued))
+        _drain_settle(drain, node, moving=moving, waiting=waiting, queued=len(queued), may_block=may_block)
         drain.remaining = _on_node(node).count()
         drain.save()
 
 
-def _drain_settle(drain: Drain, node: Node, *, moving: int, waiting: int, queued: int) -> None:
+def _drain_settle(drain: Drain, node: Node, *, moving: int, waiting: int, queued: int, may_block: bool) -> None:
     if moving == 0 and waiting == 0 and queued == 0:
         if not Replica.objects.filter(
             members__node=node, status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED]
@@ -275,7 +278,7 @@ def _drain_settle(drain: Drain, node: Node, *, moving: int, waiting: int, queued
                 drain, to=DrainStatus.DONE, reason=f"done: {drain.moved} replica(s) moved; {node.name} holds none",
             )
         return
-    if moving == 0 and queued == 0 and drain.status != DrainStatus.BLOCKED:
+    if moving == 0 and queued == 0 and drain.status != DrainStatus.BLOCKED and may_block:
         stuck = [f"{e['model']} replica {k}: {e['reason']}" for k, e in drain.replicas.items()
                  if e["outcome"] == DrainOutcome.WAITING]
         DRAIN_STATES.apply(

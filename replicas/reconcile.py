@@ -37,11 +37,15 @@ def replicas_reconcile() -> None:
     # Drains next: a drain step that marks a replica for moving makes its
     # model one short, and the model's reconcile creates the replacement.
     for drain_id in list(drain.drains_active()):
-        drain.drain_step(drain_id=drain_id)
+        drain.drain_step(drain_id=drain_id, may_block=False)
     for model_id in list(CatalogEntry.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
     moves.moves_step()
+    # Again, now that this pass has tried to place what was pending: a drain
+    # is called blocked only on what is true now.
+    for drain_id in list(drain.drains_active()):
+        drain.drain_step(drain_id=drain_id)
     replicas_quiesce()
     members_nudge()
     snapshot = cluster_snapshot()
