@@ -9,6 +9,8 @@ from urllib.parse import quote
 from .common import CtlError, api_call
 
 ACTIVE = ("running", "blocked")
+# How long --wait watches a blocked drain before it gives up on it (seconds).
+BLOCKED_SETTLE = 15.0
 
 
 def register(ctl_sub) -> None:
@@ -50,6 +52,7 @@ def _drain(args) -> int:
         return 0
     deadline = time.monotonic() + args.timeout
     seen = 0
+    blocked_since = None
     while time.monotonic() < deadline:
         drain = api_call("GET", f"/api/v1/drains/{drain['id']}/")
         for line in drain["log"][seen:]:
@@ -57,7 +60,14 @@ def _drain(args) -> int:
         seen = len(drain["log"])
         if drain["status"] == "done":
             return 0
-        if drain["status"] == "blocked":
+        if drain["status"] != "blocked":
+            blocked_since = None
+        elif blocked_since is None:
+            # A blocked drain is tried again as the cluster changes (GPUs a
+            # stopping replica frees, a node back): given up on only once it
+            # has stayed blocked a while.
+            blocked_since = time.monotonic()
+        elif time.monotonic() - blocked_since >= BLOCKED_SETTLE:
             print(f"the drain of {args.node} is blocked; the replicas that cannot move keep running:")
             _print_outcomes(drain)
             return 1
