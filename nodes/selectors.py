@@ -24,14 +24,19 @@ def node_get(*, name: str) -> Node | None:
     return node_list().filter(name=name).first()
 
 
+def _seen_at(node, ts: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc) if ts else node.last_heartbeat_at
+
+
 def node_last_seen(nodes) -> dict[str, dt.datetime | None]:
     """Last heartbeat of each node: the liveness store's, or the stored copy."""
     seen = liveness.store().seen_all()
-    result = {}
-    for node in nodes:
-        ts = seen.get(node.name)
-        result[node.name] = dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc) if ts else node.last_heartbeat_at
-    return result
+    return {node.name: _seen_at(node, seen.get(node.name)) for node in nodes}
+
+
+def node_seen(node) -> dt.datetime | None:
+    """One node's last heartbeat (one read, not every node's)."""
+    return _seen_at(node, liveness.store().seen(node.name))
 
 
 def node_desired_state(*, node_name: str, version: int) -> dict[str, Any]:

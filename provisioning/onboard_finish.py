@@ -198,7 +198,7 @@ def _heard_since(node: Node, since) -> bool:
     store; the row's copy is written only now and then)."""
     if node.registered_at and node.registered_at >= since:
         return True
-    seen = node_selectors.node_last_seen([node])[node.name]
+    seen = node_selectors.node_seen(node)
     return seen is not None and seen >= since
 
 
