@@ -13,7 +13,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from nodes.exceptions import NotFound
+from core.exceptions import NotFound
 
 from .models import OperatorToken
 from .roles import ADMIN, ROLES, roles_sync

@@ -80,8 +80,9 @@ def main() -> int:
     from cli.simcluster import SEEDS_NODES, SimCluster, SimNode
     from cli.up import process_commands
     from cli.wait import wait_until
+    from core.models import Event
     from nodes.choices import NodeStatus
-    from nodes.models import Event, Node
+    from nodes.models import Node
     from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
         pki_ensure_agent_listener
     from replicas.catalog import catalog_apply

@@ -527,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         if server.poll() is not None or sorted(_children(server.pid)) != sorted(workers):
             print("\n  WARNING: a server worker exited during the run; CPU figures are incomplete")
 
-        from nodes.models import Event, Node
+        from core.models import Event
+        from nodes.models import Node
 
         steady = _aware(outcome["steady_from"])
         written = Node.objects.filter(last_heartbeat_at__gte=steady).count()

@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
-from nodes.admin import SystemOwnedAdmin
+from core.admin import SystemOwnedAdmin
 from replicas.models import CatalogEntry
 
 from .models import ApiKey, GatewayProcess

@@ -14,9 +14,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from nodes.choices import EventKind
-from nodes.events import event_record
-from nodes.exceptions import NotFound
+from core.choices import CoreEventKind
+from core.events import event_record
+from core.exceptions import NotFound
 from replicas.models import CatalogEntry
 
 from . import inflight
@@ -62,7 +62,7 @@ def key_create(*, name: str, models: list[str] | None = None, actor: str = "") -
                 row = ApiKey.objects.create(
                     name=name, prefix=key[: len(KEY_PREFIX) + _SHOWN], secret_hash=key_hash(key), allowed_models=allowed
                 )
-                event_record(kind=EventKind.CONTROL_PLANE, subject=f"apikey/{name}",
+                event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"apikey/{name}",
                              message=f"API key {name} ({row.prefix}...) created by {actor or 'an operator'}",
                              data={"actor": actor} if actor else None)
         except IntegrityError:
@@ -83,7 +83,7 @@ def key_revoke(*, name: str, actor: str = "") -> ApiKey:
         if row.revoked_at is None:
             row.revoked_at = timezone.now()
             row.save(update_fields=["revoked_at", "updated_at"])
-            event_record(kind=EventKind.CONTROL_PLANE, subject=f"apikey/{name}",
+            event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"apikey/{name}",
                          message=f"API key {name} revoked by {actor or 'an operator'}",
                          data={"actor": actor} if actor else None)
             logger.info("api key revoked name=%s prefix=%s", name, row.prefix)

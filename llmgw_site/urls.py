@@ -6,6 +6,7 @@ urlpatterns = [
     path("", include("ui.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("nodes.api.urls")),
+    path("api/v1/", include("core.api.urls")),
     path("api/v1/", include("pki.api.urls")),
     path("api/v1/", include("replicas.api.urls")),
     path("api/v1/", include("gateway.api.urls")),

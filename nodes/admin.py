@@ -1,23 +1,10 @@
 from django.contrib import admin, messages
 
-from .exceptions import InvalidTransition, NotFound
-from .models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
+from core.admin import SystemOwnedAdmin
+from core.exceptions import InvalidTransition, NotFound
+
+from .models import ControlPlaneClock, Fabric, Gpu, Hca, Node
 from .services import node_cordon, node_uncordon
-
-
-class SystemOwnedAdmin(admin.ModelAdmin):
-    """Rows the control plane owns (what agents report, what the scheduler
-    allocates, what happened): to look at, never to add, edit or delete by
-    hand. Every field shows read-only."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class GpuInline(admin.TabularInline):
@@ -87,13 +74,6 @@ class GpuAdmin(SystemOwnedAdmin):
 class HcaAdmin(SystemOwnedAdmin):
     list_display = ("node", "name", "fabric", "state", "link_layer", "rate")
     list_filter = ("fabric",)
-
-
-@admin.register(Event)
-class EventAdmin(SystemOwnedAdmin):
-    list_display = ("created_at", "severity", "kind", "subject", "message")
-    list_filter = ("severity", "kind")
-    search_fields = ("subject", "message")
 
 
 @admin.register(ControlPlaneClock)

@@ -12,15 +12,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core.choices import CoreEventKind, EventSeverity
+from core.events import event_record
+from core.models import Event
 from pki.choices import CertificateKind
 from pki.models import Certificate
 from pki.selectors import revoked_serials
 from pki.services import PkiError
 from pki.signing import Signed, _same_key, cert_sign_node, csr_load, node_cert_lifetime
-
-from .choices import EventKind, EventSeverity
-from .events import event_record
-from .models import Event
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ def cert_renew_node(*, node_id: str, csr_pem: bytes | str, current_serial: str) 
         current.revoked_at = timezone.now()
         current.revocation_reason = f"superseded by {signed.row.serial}"
         current.save(update_fields=["revoked_at", "revocation_reason"])
-        event_record(kind=EventKind.CONTROL_PLANE, subject=f"node/{node_id}",
+        event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"node/{node_id}",
                      message=f"certificate of {node_id} renewed by the node: serial {current_serial} superseded by "
                              f"{signed.row.serial}, valid until {signed.row.not_after:%Y-%m-%d %H:%M:%S} UTC")
     revoked_serials.invalidate()
@@ -63,7 +62,7 @@ def certs_warn_expiring(*, now: dt.datetime | None = None) -> list[str]:
         if Event.objects.filter(subject=f"node/{row.common_name}", data__expiring_serial=row.serial).exists():
             continue
         event_record(
-            kind=EventKind.CONTROL_PLANE, severity=EventSeverity.WARNING, subject=f"node/{row.common_name}",
+            kind=CoreEventKind.CONTROL_PLANE, severity=EventSeverity.WARNING, subject=f"node/{row.common_name}",
             message=(f"the certificate of {row.common_name} (serial {row.serial}) expires at "
                      f"{row.not_after:%Y-%m-%d %H:%M} UTC and nothing has renewed it: its agent renews at two "
                      "thirds of the lifetime, so check that the agent runs and reaches the agent API; "

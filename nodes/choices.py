@@ -31,21 +31,11 @@ LIVE = frozenset({NodeStatus.REGISTERED, NodeStatus.READY, NodeStatus.CORDONED, 
 SCHEDULABLE = frozenset({NodeStatus.READY})
 
 
-class EventKind(models.TextChoices):
+class NodeEventKind(models.TextChoices):
+    """The kinds of Event nodes records (registered with core in NodesConfig.ready)."""
+
     NODE_REGISTERED = "node.registered"
     NODE_STATUS = "node.status"
     NODE_INVENTORY = "node.inventory"
     GPU_CONFLICT = "gpu.conflict"
     GPU_MISSING = "gpu.missing"
-    CONTROL_PLANE = "control_plane"
-    MODEL = "model"
-    REPLICA_STATUS = "replica.status"
-    REPLICA_PENDING = "replica.pending"
-    DRAIN = "drain"
-    PROVISIONING = "provisioning"
-
-
-class EventSeverity(models.TextChoices):
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"

@@ -10,9 +10,10 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from core.choices import CoreEventKind, EventSeverity
+from core.events import event_record
+
 from . import liveness
-from .choices import EventKind, EventSeverity
-from .events import event_record
 from .models import ControlPlaneClock
 
 
@@ -52,7 +53,7 @@ def control_plane_clock_update(*, now: dt.datetime) -> dt.datetime | None:
             if clock.deaf_since is None:
                 clock.deaf_since = now
                 event_record(
-                    kind=EventKind.CONTROL_PLANE,
+                    kind=CoreEventKind.CONTROL_PLANE,
                     subject="control-plane",
                     message=f"{why_deaf}; no node will be declared lost until it is back",
                     severity=EventSeverity.WARNING,
@@ -68,7 +69,7 @@ def control_plane_clock_update(*, now: dt.datetime) -> dt.datetime | None:
             clock.heard_since = now
             clock.deaf_since = None
             event_record(
-                kind=EventKind.CONTROL_PLANE,
+                kind=CoreEventKind.CONTROL_PLANE,
                 subject="control-plane",
                 message=f"hearing nodes again{why}; every node gets a fresh grace period of "
                 f"{post_outage_grace():.0f}s from now",
@@ -89,7 +90,7 @@ def control_plane_hold_update(*, silent: int, live: int, now: dt.datetime) -> bo
         if holding and clock.holding_since is None:
             clock.holding_since = now
             event_record(
-                kind=EventKind.CONTROL_PLANE,
+                kind=CoreEventKind.CONTROL_PLANE,
                 subject="control-plane",
                 message=f"{silent} of {live} nodes went silent at once: suspecting the control plane's "
                 "own network rather than the nodes, so no node is declared lost and no replica is "
@@ -100,7 +101,7 @@ def control_plane_hold_update(*, silent: int, live: int, now: dt.datetime) -> bo
         elif not holding and clock.holding_since is not None:
             clock.holding_since = None
             event_record(
-                kind=EventKind.CONTROL_PLANE,
+                kind=CoreEventKind.CONTROL_PLANE,
                 subject="control-plane",
                 message=f"no longer holding failovers ({silent} of {live} nodes silent)",
             )

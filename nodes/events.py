@@ -1,49 +1,20 @@
-"""Events: every decision the control plane makes, in words a person can act on."""
+"""Events about nodes that another app's action causes."""
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from core.choices import CoreEventKind, EventSeverity
+from core.events import event_record
+from core.models import Event
 
-from .choices import EventKind, EventSeverity
-from .models import Event, Node
-
-logger = logging.getLogger(__name__)
-
-
-def _log(kind: str, subject: str, message: str, severity: str) -> None:
-    log = logger.warning if severity != EventSeverity.INFO else logger.info
-    log("event kind=%s subject=%s %s", kind, subject, message)
-
-
-def event_record(
-    *,
-    kind: str,
-    subject: str,
-    message: str,
-    node: Node | None = None,
-    severity: str = EventSeverity.INFO,
-    data: dict[str, Any] | None = None,
-) -> Event:
-    _log(kind, subject, message, severity)
-    return Event.objects.create(
-        kind=kind, subject=subject, message=message, node=node, severity=severity, data=data or {}
-    )
+from .models import Node
 
 
 def cert_revoked_record(*, certificate, actor: str = "", reason: str = "") -> Event:
     """A revoked certificate as an Event (registered on pki's revocation hook)."""
     node = Node.objects.filter(name=certificate.common_name).first() if certificate.kind == "client" else None
     return event_record(
-        kind=EventKind.CONTROL_PLANE, subject=f"certificate/{certificate.serial}", severity=EventSeverity.WARNING,
+        kind=CoreEventKind.CONTROL_PLANE, subject=f"certificate/{certificate.serial}", severity=EventSeverity.WARNING,
         node=node, data={"actor": actor} if actor else None,
         message=f"{certificate.kind} certificate {certificate.serial} of {certificate.common_name} revoked by "
                 f"{actor or 'an operator'}" + (f": {reason}" if reason else ""),
     )
-
-
-def events_record(events: list[Event]) -> None:
-    """Many events in a few statements (a batch of placements)."""
-    for event in events:
-        _log(event.kind, event.subject, event.message, event.severity)
-    Event.objects.bulk_create(events, batch_size=500)

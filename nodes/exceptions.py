@@ -1,9 +1,4 @@
-class InvalidTransition(Exception):
-    """A status change the state machine does not allow."""
-
-
-class NotFound(Exception):
-    """The named object does not exist."""
+"""nodes' own errors; the shared ones (InvalidTransition, NotFound) are in core.exceptions."""
 
 
 class InventoryRejected(ValueError):

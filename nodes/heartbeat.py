@@ -30,7 +30,9 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, OperationalError
 
-from . import liveness, outages, selectors
+from core import outages
+
+from . import liveness, selectors
 from .clock import agent_reconnect_max
 from .choices import NodeStatus
 from .exceptions import InventoryRejected

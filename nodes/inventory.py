@@ -8,9 +8,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from core.choices import EventSeverity
+from core.events import event_record
+
 from . import hooks
-from .choices import EventKind, EventSeverity, NodeStatus
-from .events import event_record
+from .choices import NodeEventKind, NodeStatus
 from .exceptions import InventoryRejected
 from .models import Fabric, Gpu, GpuConflict, Hca, Node
 from .services import NODE_STATES, node_transition
@@ -61,7 +63,7 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]], now, *, new: bool) -> Non
             continue
         if mine[uuid].missing_since is not None:
             event_record(
-                kind=EventKind.GPU_MISSING, subject=f"node/{node.name}", node=node,
+                kind=NodeEventKind.GPU_MISSING, subject=f"node/{node.name}", node=node,
                 message=f"GPU {uuid} (index {data['index']}) is reported again", data={"gpu": uuid},
             )
         Gpu.objects.filter(pk=mine[uuid].pk).update(missing_since=None, **fields)
@@ -70,7 +72,7 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]], now, *, new: bool) -> Non
     Gpu.objects.bulk_create(added)
     for gpu in vanished:
         event_record(
-            kind=EventKind.GPU_MISSING, subject=f"node/{node.name}", node=node, severity=EventSeverity.WARNING,
+            kind=NodeEventKind.GPU_MISSING, subject=f"node/{node.name}", node=node, severity=EventSeverity.WARNING,
             message=f"GPU {gpu.uuid} (index {gpu.index}) is no longer reported; marked missing: nothing new is "
             "placed on it, and a replica using it fails and is rebuilt elsewhere",
             data={"gpu": gpu.uuid},
@@ -98,7 +100,7 @@ def _record_claims(node: Node, held: dict[str, Gpu]) -> None:
         )
         for about in (node, gpu.node):
             event_record(
-                kind=EventKind.GPU_CONFLICT, subject=f"node/{about.name}", node=about,
+                kind=NodeEventKind.GPU_CONFLICT, subject=f"node/{about.name}", node=about,
                 severity=EventSeverity.WARNING, message=message,
                 data={"gpu": uuid, "holder": gpu.node.name, "claimant": node.name},
             )
@@ -151,7 +153,7 @@ def node_heartbeat_apply(
                     inventory_hash=inventory_hash, engines=engines, last_heartbeat_at=now,
                 )
                 event_record(
-                    kind=EventKind.NODE_REGISTERED,
+                    kind=NodeEventKind.NODE_REGISTERED,
                     subject=f"node/{node_name}",
                     message=f"registered by its first heartbeat ({len(inventory['gpus'])} GPUs, "
                     f"fabrics: {', '.join(f['name'] for f in inventory['fabrics']) or 'none'})",
@@ -166,7 +168,7 @@ def node_heartbeat_apply(
                 _sync_hcas(node, inventory["hcas"], inventory["fabrics"], new=new)
                 if stored_hash and node.discovery_errors != inventory["discovery_errors"]:
                     event_record(
-                        kind=EventKind.NODE_INVENTORY,
+                        kind=NodeEventKind.NODE_INVENTORY,
                         subject=f"node/{node_name}",
                         message="discovery errors: " + ("; ".join(inventory["discovery_errors"]) or "none"),
                         node=node,
@@ -174,7 +176,7 @@ def node_heartbeat_apply(
                     )
                 elif not stored_hash and inventory["discovery_errors"]:
                     event_record(
-                        kind=EventKind.NODE_INVENTORY,
+                        kind=NodeEventKind.NODE_INVENTORY,
                         subject=f"node/{node_name}",
                         message="discovery errors: " + "; ".join(inventory["discovery_errors"]),
                         node=node,

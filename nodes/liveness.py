@@ -33,10 +33,9 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from . import outages
+from core import outages
 
-# No model is imported at the top: gunicorn imports this module (through the
-# agent API's worker class) in its master process, before Django is set up.
+from .models import ControlPlaneClock, Node
 
 logger = logging.getLogger(__name__)
 
@@ -279,8 +278,6 @@ class DatabaseLiveness:
         outages.database_watch_start()
 
     def touch(self, node: str, at: float) -> int:
-        from .models import Node
-
         Node.objects.filter(name=node).update(last_heartbeat_at=_aware(at))
         return 0
 
@@ -294,14 +291,10 @@ class DatabaseLiveness:
         self.touch(node, at)
 
     def seen(self, node: str) -> float | None:
-        from .models import Node
-
         value = Node.objects.filter(name=node).values_list("last_heartbeat_at", flat=True).first()
         return value.timestamp() if value else None
 
     def seen_all(self) -> dict[str, float]:
-        from .models import Node
-
         return {
             name: seen.timestamp()
             for name, seen in Node.objects.exclude(last_heartbeat_at=None).values_list("name", "last_heartbeat_at")
@@ -314,13 +307,9 @@ class DatabaseLiveness:
         pass
 
     def mark_listener_alive(self, at: float) -> None:
-        from .models import ControlPlaneClock
-
         ControlPlaneClock.objects.update_or_create(pk=1, defaults={"listener_alive_at": _aware(at)})
 
     def listener_alive_at(self) -> float | None:
-        from .models import ControlPlaneClock
-
         clock = ControlPlaneClock.objects.filter(pk=1).first()
         return clock.listener_alive_at.timestamp() if clock and clock.listener_alive_at else None
 

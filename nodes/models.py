@@ -1,6 +1,6 @@
 from django.db import models
 
-from .choices import EventKind, EventSeverity, NodeStatus
+from .choices import NodeStatus
 
 
 class Fabric(models.Model):
@@ -118,24 +118,6 @@ class Hca(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}:{self.name}"
-
-
-class Event(models.Model):
-    """Every decision the control plane makes, in words a person can act on."""
-
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    kind = models.CharField(max_length=32, choices=EventKind.choices)
-    severity = models.CharField(max_length=8, choices=EventSeverity.choices, default=EventSeverity.INFO)
-    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
-    subject = models.CharField(max_length=128, help_text="what it is about: node/node01, replica/12")
-    message = models.TextField()
-    data = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.subject}: {self.message}"
 
 
 class ControlPlaneClock(models.Model):

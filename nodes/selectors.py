@@ -9,7 +9,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from . import hooks, liveness
-from .models import Event, Fabric, Gpu, GpuConflict, Hca, Node
+from .models import Fabric, Gpu, GpuConflict, Hca, Node
 
 
 def node_list() -> QuerySet[Node]:
@@ -68,17 +68,6 @@ def node_gpu_conflicts() -> dict[str, list[dict[str, Any]]]:
 
 def fabric_list() -> QuerySet[Fabric]:
     return Fabric.objects.prefetch_related("nodes")
-
-
-def event_list(*, node: str | None = None, kind: str | None = None, since: dt.datetime | None = None):
-    events = Event.objects.select_related("node")
-    if node:
-        events = events.filter(node__name=node)
-    if kind:
-        events = events.filter(kind=kind)
-    if since:
-        events = events.filter(created_at__gte=since)
-    return events
 
 
 def age_seconds(when: dt.datetime | None) -> float | None:

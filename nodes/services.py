@@ -7,11 +7,13 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
+from core.choices import EventSeverity
+from core.exceptions import NotFound
+from core.statemachine import StateMachine
+
 from . import hooks, liveness, watch
-from .choices import NODE_TRANSITIONS, EventKind, EventSeverity, NodeStatus
-from .exceptions import NotFound
+from .choices import NODE_TRANSITIONS, NodeEventKind, NodeStatus
 from .models import Node
-from .statemachine import StateMachine
 
 
 def _bump_on_commit(node_names: list[str]) -> None:
@@ -59,7 +61,7 @@ def node_desired_changed(*, node_name: str) -> None:
 class NodeStates(StateMachine):
     noun = "node"
     table = NODE_TRANSITIONS
-    event_kind = EventKind.NODE_STATUS
+    event_kind = NodeEventKind.NODE_STATUS
     reason_max = 255
 
     def subject(self, node: Node) -> str:

@@ -9,8 +9,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from core.choices import EventSeverity
+
 from . import hooks, liveness
-from .choices import LIVE, EventSeverity, NodeStatus
+from .choices import LIVE, NodeStatus
 from .clock import control_plane_clock_update, control_plane_hold_update, post_outage_grace
 from .models import Node
 from .services import node_transition

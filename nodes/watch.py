@@ -24,10 +24,10 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from agent.protocol import API_PREFIX
+from core import outages
 from pki.authn import identity_from_der
 from pki.selectors import revoked_serials
 
-from . import outages
 from .models import Node
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,12 @@ class ProvisioningConfig(AppConfig):
     name = "provisioning"
 
     def ready(self) -> None:
+        from core.events import event_kinds_register
+
         from . import onboard_finish, onboarding, stepkit, steps
+        from .choices import ProvisioningEventKind
+
+        event_kinds_register(owner=self.label, kinds=ProvisioningEventKind)
 
         stepkit.kind_register(kind=steps.KIND, steps=steps.PROVISION_STEPS,
                               on_success=onboarding.onboard_after_provision)

@@ -66,3 +66,9 @@ VM_PRIVILEGES = (
     "VM.Config.Network",
     "VM.Config.Options",
 )
+
+
+class ProvisioningEventKind(models.TextChoices):
+    """The kinds of Event provisioning records (registered with core in ProvisioningConfig.ready)."""
+
+    PROVISIONING = "provisioning"

@@ -1,4 +1,4 @@
-from nodes.exceptions import InvalidTransition, NotFound
+from core.exceptions import InvalidTransition, NotFound
 
 
 class InvalidJobTransition(InvalidTransition):

@@ -13,13 +13,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agent.protocol import FABRIC_NAME_RE, HCA_NAME_RE
-from nodes.choices import EventKind, NodeStatus
-from nodes.events import event_record
+from core.events import event_record
+from nodes.choices import NodeStatus
 from nodes.models import Node
 from pki.names import InvalidNodeId, validate_node_id
 
 from . import queue, stepkit
-from .choices import JobKind, JobStatus
+from .choices import JobKind, JobStatus, ProvisioningEventKind
 from .models import Job, Step
 from .validation import RequestInvalid
 
@@ -150,7 +150,7 @@ def job_onboard_create(*, request: dict[str, Any], user=None) -> Job:
                 for i, spec in enumerate(stepkit.kind_steps(job.kind))
             )
             fabrics = ", ".join(f"{f['name']}:{','.join(f['hcas'])}" for f in clean["fabrics"]) or "none (island)"
-            event_record(kind=EventKind.PROVISIONING, subject=f"job/{job.pk}",
+            event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"job/{job.pk}",
                          message=f"onboard {node} at {clean['addr']} (fabrics {fabrics}) queued"
                          + (f" by {user.get_username()}" if job.created_by else ""))
             queue.job_enqueue(job_id=job.pk)
@@ -171,8 +171,8 @@ def onboard_after_provision(job: Job) -> None:
     try:
         follow = job_onboard_create(request=request, user=job.created_by)
     except RequestInvalid as exc:
-        event_record(kind=EventKind.PROVISIONING, subject=f"job/{job.pk}", severity="error",
+        event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"job/{job.pk}", severity="error",
                      message=f"provision {job.node_name} succeeded but its onboarding was refused: {exc}")
         return
-    event_record(kind=EventKind.PROVISIONING, subject=f"job/{job.pk}",
+    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"job/{job.pk}",
                  message=f"provision {job.node_name} succeeded; onboarding is job {follow.pk}")

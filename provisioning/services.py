@@ -11,12 +11,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from nodes.choices import EventKind, EventSeverity
-from nodes.events import event_record
-from nodes.statemachine import StateMachine
+from core.choices import EventSeverity
+from core.events import event_record
+from core.statemachine import StateMachine
 
 from . import queue, stepkit
-from .choices import ACTIVE, JOB_TRANSITIONS, STEP_TRANSITIONS, JobKind, JobStatus, StepStatus
+from .choices import ACTIVE, JOB_TRANSITIONS, STEP_TRANSITIONS, JobKind, JobStatus, ProvisioningEventKind, StepStatus
 from .exceptions import InvalidJobTransition, JobNotFound, StepFailed
 from .models import Hypervisor, Job, Step
 from .onboarding import onboard_request_check
@@ -41,7 +41,7 @@ def hypervisor_create(*, name: str, token_secret: str, **fields: Any) -> Hypervi
         raise RequestInvalid({"name": f"a hypervisor named {name!r} exists"})
     data = {k: v for k, v in fields.items() if k in HYPERVISOR_FIELDS and v is not None}
     row = Hypervisor.objects.create(name=name, token_secret_encrypted=secret_encrypt(token_secret.strip()), **data)
-    event_record(kind=EventKind.PROVISIONING, subject=f"hypervisor/{name}", message=f"hypervisor {name} added ({row.url})")
+    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}", message=f"hypervisor {name} added ({row.url})")
     return row
 
 
@@ -68,7 +68,7 @@ def hypervisor_delete(*, name: str) -> None:
         raise InvalidJobTransition(f"hypervisor {name} has jobs running; cancel them first")
     row.jobs.update(hypervisor=None)
     row.delete()
-    event_record(kind=EventKind.PROVISIONING, subject=f"hypervisor/{name}", message=f"hypervisor {name} removed")
+    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}", message=f"hypervisor {name} removed")
 
 
 def hypervisor_check(*, name: str, vmid: int | None = None) -> dict[str, Any]:
@@ -104,7 +104,7 @@ class JobStates(StateMachine):
     noun = "job"
     table = JOB_TRANSITIONS
     error = InvalidJobTransition
-    event_kind = EventKind.PROVISIONING
+    event_kind = ProvisioningEventKind.PROVISIONING
 
     def subject(self, job: Job) -> str:
         return f"job/{job.pk}"
@@ -182,7 +182,7 @@ def job_provision_create(*, request: dict[str, Any], user=None) -> Job:
                 created_by=user if user is not None and user.is_authenticated else None,
             )
             _steps_create(job)
-            event_record(kind=EventKind.PROVISIONING, subject=f"job/{job.pk}",
+            event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"job/{job.pk}",
                          message=f"provision {node} on {hypervisor.name} (VMID {clean['vmid']}, {clean['ip']}) queued"
                          + (f" by {user.get_username()}" if job.created_by else ""))
             queue.job_enqueue(job_id=job.pk)

@@ -1,9 +1,9 @@
 from django import forms
 from django.contrib import admin, messages
 
-from nodes.admin import SystemOwnedAdmin
+from core.admin import SystemOwnedAdmin
+from core.exceptions import InvalidTransition, NotFound
 from nodes.choices import NodeStatus
-from nodes.exceptions import InvalidTransition, NotFound
 
 from .catalog import CatalogInvalid, catalog_upsert, model_remove
 from .drain import drain_start

@@ -5,9 +5,13 @@ class ReplicasConfig(AppConfig):
     name = "replicas"
 
     def ready(self) -> None:
+        from core.events import event_kinds_register
         from nodes import hooks
 
         from . import drain, selectors, services
+        from .choices import ReplicaEventKind
+
+        event_kinds_register(owner=self.label, kinds=ReplicaEventKind)
 
         hooks.engine_report_handlers.append(services.members_report)
         hooks.node_lost_handlers.append(services.replicas_node_lost)

@@ -9,10 +9,11 @@ from typing import Any
 
 from django.db import transaction
 
-from nodes.choices import EventKind, EventSeverity
-from nodes.events import event_record
-from nodes.exceptions import NotFound
+from core.choices import EventSeverity
+from core.events import event_record
+from core.exceptions import NotFound
 
+from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
 from .models import CatalogEntry
 from .scheduling import model_never_fits
@@ -99,7 +100,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "") -
                     result["removed"].append(name)
         for verb in ("created", "updated", "removed"):
             for name in result[verb]:
-                event_record(kind=EventKind.MODEL, subject=f"model/{name}",
+                event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
                              message=f"catalog: {name} {verb}" + (f" by {actor}" if actor else ""),
                              data={"actor": actor} if actor else None)
         reconcile_after_commit()
@@ -114,7 +115,7 @@ def model_refresh_fit(*, model: CatalogEntry, never: str | None) -> None:
     model.save(update_fields=["never_fits_reason"])
     if reason:
         event_record(
-            kind=EventKind.MODEL,
+            kind=ReplicaEventKind.MODEL,
             subject=f"model/{model.name}",
             message=f"{model.name} can never be placed on this cluster as it is: {reason}",
             severity=EventSeverity.ERROR,
@@ -131,7 +132,7 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
         previous = model.replicas
         model.replicas = replicas
         model.save(update_fields=["replicas", "updated_at"])
-        event_record(kind=EventKind.MODEL, subject=f"model/{name}",
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
                      message=f"{name} scaled from {previous} to {replicas}" + (f" by {actor}" if actor else ""),
                      data={"actor": actor} if actor else None)
         reconcile_after_commit()
@@ -149,7 +150,7 @@ def catalog_upsert(*, entry: dict[str, Any]) -> None:
                     setattr(model, field, data[field])
             model.removing = False
             model.save()
-        event_record(kind=EventKind.MODEL, subject=f"model/{model.name}",
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}",
                      message=f"catalog: {model.name} {'created' if created else 'updated'}")
         model_refresh_fit(model=model, never=model_never_fits(model))
         reconcile_after_commit()
@@ -164,5 +165,5 @@ def model_remove(*, name: str) -> None:
         model.removing = True
         model.replicas = 0
         model.save(update_fields=["removing", "replicas"])
-        event_record(kind=EventKind.MODEL, subject=f"model/{name}", message=f"{name} is being removed")
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}", message=f"{name} is being removed")
         reconcile_after_commit()

@@ -73,3 +73,12 @@ class DrainOutcome(models.TextChoices):
     MOVED = "moved"  # its replacement is ready; it was stopped
     GONE = "gone"  # it left the node otherwise (failed, scaled down)
     RELEASED = "released"  # the drain ended before it moved; it keeps running here
+
+
+class ReplicaEventKind(models.TextChoices):
+    """The kinds of Event replicas records (registered with core in ReplicasConfig.ready)."""
+
+    MODEL = "model"
+    REPLICA_STATUS = "replica.status"
+    REPLICA_PENDING = "replica.pending"
+    DRAIN = "drain"

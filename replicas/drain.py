@@ -12,14 +12,15 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from nodes.choices import EventKind, EventSeverity, NodeStatus
-from nodes.events import event_record
-from nodes.exceptions import InvalidTransition, NotFound
+from core.choices import EventSeverity
+from core.events import event_record
+from core.exceptions import InvalidTransition, NotFound
+from core.statemachine import StateMachine
+from nodes.choices import NodeStatus
 from nodes.models import Node
 from nodes.services import node_transition
-from nodes.statemachine import StateMachine
 
-from .choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, PLACED, DrainOutcome, DrainStatus, ReplicaStatus
+from .choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, PLACED, DrainOutcome, DrainStatus, ReplicaEventKind, ReplicaStatus
 from .defrag import MAKING_ROOM
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidDrainTransition
@@ -33,7 +34,7 @@ def _log_line(drain: Drain, message: str) -> None:
 
 def _log(drain: Drain, message: str, severity: str = EventSeverity.INFO) -> None:
     _log_line(drain, message)
-    event_record(kind=EventKind.DRAIN, subject=f"node/{drain.node.name}", message=f"drain: {message}",
+    event_record(kind=ReplicaEventKind.DRAIN, subject=f"node/{drain.node.name}", message=f"drain: {message}",
                  node=drain.node, severity=severity)
 
 
@@ -44,7 +45,7 @@ class DrainStates(StateMachine):
     noun = "drain"
     table = DRAIN_TRANSITIONS
     error = InvalidDrainTransition
-    event_kind = EventKind.DRAIN
+    event_kind = ReplicaEventKind.DRAIN
     reason_field = None
 
     def subject(self, drain: Drain) -> str:

@@ -1,4 +1,4 @@
-from nodes.exceptions import InvalidTransition
+from core.exceptions import InvalidTransition
 
 
 class InvalidReplicaTransition(InvalidTransition):

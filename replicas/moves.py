@@ -21,11 +21,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from nodes.choices import EventKind, EventSeverity
-from nodes.events import event_record
+from core.choices import EventSeverity
+from core.events import event_record
 
 from . import defrag, placement
-from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaStatus
+from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, Replica
 from .scheduling import PlacementConflict, cluster_snapshot, placements_persist
 from .services import replica_transition
@@ -79,7 +79,7 @@ def _note(replica: Replica, base: str, note: str, severity: str = EventSeverity.
         return
     if Replica.objects.filter(pk=replica.pk, status=ReplicaStatus.PENDING).update(pending_reason=reason):
         event_record(
-            kind=EventKind.REPLICA_PENDING, subject=f"replica/{replica.pk}", severity=severity,
+            kind=ReplicaEventKind.REPLICA_PENDING, subject=f"replica/{replica.pk}", severity=severity,
             message=f"{replica.model.name} replica {replica.pk} stays pending: {reason}",
             data={"model": replica.model.name, "replica": replica.pk, "never": False},
         )
@@ -104,7 +104,7 @@ def move_start(*, move: defrag.Move, target: Replica, fabric: str | None) -> boo
             replacement = Replica.objects.create(model=model, status=ReplicaStatus.PENDING,
                                                  status_changed_at=timezone.now())
             event_record(
-                kind=EventKind.REPLICA_STATUS, subject=f"replica/{original.pk}",
+                kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{original.pk}",
                 message=f"moving {model.name} replica {original.pk} from {move.source} to {destination} "
                 f"to make room for {target.model.name} replica {target.pk} on {where} "
                 f"(replacement: replica {replacement.pk})",

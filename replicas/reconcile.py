@@ -13,13 +13,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from nodes.choices import LIVE, EventKind
-from nodes.events import event_record
+from core.events import event_record
+from nodes.choices import LIVE
 from nodes.services import nodes_desired_changed
 
 from . import drain, moves
 from .catalog import model_refresh_fit
-from .choices import PLACED, MemberState, ReplicaStatus
+from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
 from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
@@ -69,7 +69,7 @@ def model_reconcile(*, model_id: int) -> None:
             for _ in range(missing):
                 replica = Replica.objects.create(model=model, status=ReplicaStatus.PENDING, status_changed_at=timezone.now())
                 event_record(
-                    kind=EventKind.REPLICA_STATUS,
+                    kind=ReplicaEventKind.REPLICA_STATUS,
                     subject=f"replica/{replica.pk}",
                     message=f"{model.name} replica {replica.pk} created (want {model.replicas}, have {len(counted)})",
                     data={"model": model.name, "replica": replica.pk, "to": "pending"},
@@ -80,7 +80,7 @@ def model_reconcile(*, model_id: int) -> None:
                 to = ReplicaStatus.STOPPED if replica.status == ReplicaStatus.PENDING else ReplicaStatus.STOPPING
                 replica_transition(replica_id=replica.pk, to=to, reason=f"{model.name} scaled to {model.replicas}")
         if model.removing and not Replica.objects.filter(model=model).exclude(status=ReplicaStatus.STOPPED).exists():
-            event_record(kind=EventKind.MODEL, subject=f"model/{model.name}", message=f"{model.name} removed from the catalog")
+            event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}", message=f"{model.name} removed from the catalog")
             model.delete()
 
 

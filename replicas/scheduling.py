@@ -15,13 +15,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from nodes.choices import EventKind, EventSeverity, NodeStatus
-from nodes.events import event_record
+from core.choices import EventSeverity
+from core.events import event_record
+from nodes.choices import NodeStatus
 from nodes.models import Fabric, Gpu, Node
 from nodes.services import nodes_desired_changed
 
 from . import defrag, placement
-from .choices import PLACED, MemberState, ReplicaStatus
+from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .engines import member_ports
 from .launch import member_launch
 from .models import CatalogEntry, GpuAllocation, Member, PortAllocation, Replica
@@ -203,7 +204,7 @@ def _record_pending(replica: Replica, reason: str, never: bool) -> None:
         reason += current[current.index(defrag.MAKING_ROOM):]
     Replica.objects.filter(pk=replica.pk, status=ReplicaStatus.PENDING).update(pending_reason=reason)
     event_record(
-        kind=EventKind.REPLICA_PENDING,
+        kind=ReplicaEventKind.REPLICA_PENDING,
         subject=f"replica/{replica.pk}",
         message=f"{replica.model.name} replica {replica.pk} stays pending: {reason}",
         severity=EventSeverity.ERROR if never else EventSeverity.WARNING,

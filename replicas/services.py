@@ -14,14 +14,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from nodes.choices import LIVE, EventKind, EventSeverity
-from nodes.events import event_record
+from core.choices import EventSeverity
+from core.events import event_record
+from core.statemachine import StateMachine
+from nodes.choices import LIVE
 from nodes.models import Node
 from nodes.services import nodes_desired_changed
-from nodes.statemachine import StateMachine
 
 from . import hooks
-from .choices import PLACED, REPLICA_TRANSITIONS, MemberState, ReplicaStatus
+from .choices import PLACED, REPLICA_TRANSITIONS, MemberState, ReplicaEventKind, ReplicaStatus
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidReplicaTransition
 from .models import GpuAllocation, Member, PortAllocation, Replica
@@ -51,7 +52,7 @@ def replicas_quiesce() -> None:
             nodes_desired_changed(node_names=list(replica.members.values_list("node__name", flat=True)))
             if inflight:
                 event_record(
-                    kind=EventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", severity=EventSeverity.WARNING,
+                    kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", severity=EventSeverity.WARNING,
                     message=f"replica {replica.pk} stopped with {inflight} request(s) still in flight after "
                     f"{settings.LLMGW_STOP_GRACE:.0f}s (LLMGW_STOP_GRACE)",
                 )
@@ -61,7 +62,7 @@ class ReplicaStates(StateMachine):
     noun = "replica"
     table = REPLICA_TRANSITIONS
     error = InvalidReplicaTransition
-    event_kind = EventKind.REPLICA_STATUS
+    event_kind = ReplicaEventKind.REPLICA_STATUS
 
     def subject(self, replica: Replica) -> str:
         return f"replica/{replica.pk}"

@@ -1,8 +1,9 @@
 import factory
 from django.utils import timezone
 
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event, Fabric, Gpu, Hca, Node
+from nodes.models import Fabric, Gpu, Hca, Node
 
 
 class FabricFactory(factory.django.DjangoModelFactory):

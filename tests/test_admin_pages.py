@@ -8,8 +8,9 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import ControlPlaneClock, Event, Fabric, Gpu, Hca, Node
+from nodes.models import ControlPlaneClock, Fabric, Gpu, Hca, Node
 from replicas import reconcile
 from replicas.models import Drain, GpuAllocation, PortAllocation, Replica
 from tests.factories import CatalogEntryFactory, node_with_gpus

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
+from core.choices import CoreEventKind
+from core.models import Event
 from nodes import liveness
-from nodes.choices import EventKind, NodeStatus
-from nodes.models import Event, Node
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import Node
 from tests.conftest import REPO, free_port, server_env
 from tests.factories import EventFactory, GpuFactory, NodeFactory
 
@@ -88,8 +90,8 @@ def test_cordon_uncordon_and_refusals(ctl_env, cluster):
 
 def test_events(ctl_env, cluster):
     node01, _ = cluster
-    EventFactory(node=node01, subject="node/node01", kind=EventKind.NODE_STATUS, message="ready -> cordoned")
-    EventFactory(subject="control-plane", kind=EventKind.CONTROL_PLANE, message="hearing nodes again",
+    EventFactory(node=node01, subject="node/node01", kind=NodeEventKind.NODE_STATUS, message="ready -> cordoned")
+    EventFactory(subject="control-plane", kind=CoreEventKind.CONTROL_PLANE, message="hearing nodes again",
                  severity="warning")
     lines = run("events", env=ctl_env).stdout.splitlines()
     assert lines[0].split() == ["time", "severity", "subject", "message"]
@@ -105,7 +107,7 @@ def test_cordon_shows_up_in_events(ctl_env, cluster):
     run("cordon", "node01", env=ctl_env)
     events = json.loads(run("events", "--node", "node01", "-o", "json", env=ctl_env).stdout)
     assert events[0]["message"] == "ready -> cordoned: cordoned by user admin"  # the token's user
-    assert Event.objects.filter(node__name="node01", kind=EventKind.NODE_STATUS).count() == 1
+    assert Event.objects.filter(node__name="node01", kind=NodeEventKind.NODE_STATUS).count() == 1
 
 
 def test_unreachable_control_plane(tmp_path, db):

@@ -7,8 +7,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from nodes import outages
-from nodes.exceptions import InvalidTransition, NotFound
+from core import outages
+from core.exceptions import InvalidTransition, NotFound
 
 
 def unavailable_response(exc: Exception) -> Response | None:

@@ -6,7 +6,7 @@ from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from django.utils.deprecation import MiddlewareMixin
 
-from nodes import outages
+from core import outages
 
 
 class RejectNulMiddleware:

@@ -16,13 +16,14 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from core import outages
 from pki.authn import peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
 from pki.services import PkiError
 from nodes.certificates import cert_renew_node
 
-from .. import outages, selectors
+from .. import selectors
 from ..exceptions import InventoryRejected
 from ..heartbeat import node_heartbeat
 from ..models import Node

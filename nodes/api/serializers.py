@@ -1,7 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import Event, Fabric, Gpu, Hca, Node
+from ..models import Fabric, Gpu, Hca, Node
 from ..selectors import age_seconds, node_gpu_conflicts
 
 
@@ -73,11 +73,3 @@ class FabricSerializer(serializers.ModelSerializer):
     class Meta:
         model = Fabric
         fields = ["name", "nodes", "created_at"]
-
-
-class EventSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
-
-    class Meta:
-        model = Event
-        fields = ["id", "created_at", "kind", "severity", "subject", "node", "message", "data"]

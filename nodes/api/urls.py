@@ -1,10 +1,9 @@
 from rest_framework.routers import SimpleRouter
 
-from .views import EventViewSet, FabricViewSet, NodeViewSet
+from .views import FabricViewSet, NodeViewSet
 
 router = SimpleRouter(trailing_slash=True)
 router.register("nodes", NodeViewSet, basename="node")
 router.register("fabrics", FabricViewSet, basename="fabric")
-router.register("events", EventViewSet, basename="event")
 
 urlpatterns = router.urls

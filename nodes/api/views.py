@@ -1,4 +1,4 @@
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -6,7 +6,7 @@ from rest_framework.response import Response
 from accounts.actors import actor
 
 from .. import selectors, services
-from .serializers import EventSerializer, FabricSerializer, NodeSerializer
+from .serializers import FabricSerializer, NodeSerializer
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -49,26 +49,3 @@ class FabricViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return selectors.fabric_list()
-
-
-@extend_schema(
-    parameters=[
-        OpenApiParameter("node", str, description="only events about this node"),
-        OpenApiParameter("kind", str, description="only events of this kind"),
-        OpenApiParameter("limit", int, description="at most this many, newest first (default 200)"),
-    ]
-)
-class EventViewSet(viewsets.ReadOnlyModelViewSet):
-    serializer_class = EventSerializer
-    permission_model = "nodes.event"
-
-    def get_queryset(self):
-        params = self.request.query_params
-        events = selectors.event_list(node=params.get("node"), kind=params.get("kind"))
-        if self.action == "list":
-            try:
-                limit = max(1, min(int(params.get("limit", 200)), 5000))
-            except ValueError:
-                limit = 200
-            return events[:limit]
-        return events

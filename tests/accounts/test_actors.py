@@ -8,8 +8,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts import roles, services
+from core.models import Event
 from gateway.services import key_create
-from nodes.models import Event
 from provisioning.choices import JobKind
 from provisioning.models import Job
 from replicas.models import Drain

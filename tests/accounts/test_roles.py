@@ -10,9 +10,10 @@ from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
 from accounts import roles, services
+from core.models import Event
 from gateway.models import ApiKey
 from gateway.services import key_create
-from nodes.models import Event, Node
+from nodes.models import Node
 from replicas.models import CatalogEntry, Drain
 from tests.factories import CatalogEntryFactory, NodeFactory
 

@@ -18,8 +18,9 @@ import yaml
 from django.db.models import Q
 
 from agent.identity import csr_make, key_ensure
+from core.models import Event
 from nodes import liveness
-from nodes.models import Event, Node
+from nodes.models import Node
 from pki.models import Certificate
 from nodes.certificates import certs_warn_expiring
 from pki.signing import cert_sign_node

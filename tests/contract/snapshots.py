@@ -3,8 +3,9 @@ must leave it as it was."""
 
 from __future__ import annotations
 
+from core.models import Event
 from nodes import liveness
-from nodes.models import Event, Fabric, Gpu, GpuConflict, Hca, Node
+from nodes.models import Fabric, Gpu, GpuConflict, Hca, Node
 from replicas.models import GpuAllocation, Member, Replica
 
 

@@ -180,9 +180,9 @@ def invariants(*, lost: set[str] = frozenset(), failed: set[int] = frozenset()) 
     """What must hold after any fault: no GPU given twice, no replica across
     fabrics, no node declared lost but those in ``lost``, no replica failed
     but those in ``failed``."""
-    from nodes.choices import EventKind
-    from nodes.models import Event
-    from replicas.choices import MemberState, ReplicaStatus
+    from core.models import Event
+    from nodes.choices import NodeEventKind
+    from replicas.choices import MemberState, ReplicaEventKind, ReplicaStatus
     from replicas.models import Member, Replica
 
     used = [(m.node_id, gpu) for m in Member.objects.exclude(state=MemberState.GONE) for gpu in m.gpus]
@@ -191,10 +191,10 @@ def invariants(*, lost: set[str] = frozenset(), failed: set[int] = frozenset()) 
         fabrics = [{f.pk for f in m.node.fabrics.all()} for m in replica.members.exclude(state=MemberState.GONE)]
         if len(fabrics) > 1:
             assert set.intersection(*fabrics), f"replica {replica.pk} spans fabrics: {fabrics}"
-    declared_lost = {e.subject.split("/", 1)[1] for e in Event.objects.filter(kind=EventKind.NODE_STATUS, data__to="lost")}
+    declared_lost = {e.subject.split("/", 1)[1] for e in Event.objects.filter(kind=NodeEventKind.NODE_STATUS, data__to="lost")}
     assert declared_lost <= set(lost), f"nodes declared lost though they heartbeated: {declared_lost - set(lost)}"
     failed_now = {int(e.subject.split("/", 1)[1]) for e in
-                  Event.objects.filter(kind=EventKind.REPLICA_STATUS, data__to="failed")}
+                  Event.objects.filter(kind=ReplicaEventKind.REPLICA_STATUS, data__to="failed")}
     assert failed_now <= set(failed), f"healthy replicas failed: {failed_now - set(failed)}"
 
 

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def lost_events(node: str):
-    return Event.objects.filter(kind=EventKind.NODE_STATUS, subject=f"node/{node}", data__to=NodeStatus.LOST)
+    return Event.objects.filter(kind=NodeEventKind.NODE_STATUS, subject=f"node/{node}", data__to=NodeStatus.LOST)
 
 
 def test_outage_of_the_control_plane_loses_no_heartbeating_node(
@@ -84,7 +84,7 @@ def test_outage_of_the_control_plane_loses_no_heartbeating_node(
     assert heard_since >= up_at - 1
     assert heard_since + GRACE <= declared <= heard_since + GRACE + LATENESS, (declared - heard_since, worker.log())
     assert Event.objects.filter(
-        kind=EventKind.CONTROL_PLANE,
+        kind=CoreEventKind.CONTROL_PLANE,
         created_at__gte=dt.datetime.fromtimestamp(up_at - 1, tz=dt.timezone.utc),
         message__contains="fresh grace period",
     ).exists()

@@ -13,8 +13,9 @@ import yaml
 
 from cli.demo import SAMPLE_CATALOG
 from cli.wait import wait_until
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event, Node
+from nodes.models import Node
 from replicas.catalog import catalog_apply
 from replicas.choices import ReplicaStatus
 from replicas.models import Member, Replica

@@ -8,8 +8,9 @@ import pytest
 
 from cli.simcluster import SimNode
 from cli.wait import wait_until
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event, Node
+from nodes.models import Node
 from replicas.catalog import catalog_apply
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.drain import drain_start

@@ -11,8 +11,9 @@ import signal
 import pytest
 
 from cli.wait import wait_until
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event, Node
+from nodes.models import Node
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, Replica
 from tests.e2e.production import invariants, production_set, ready_count  # noqa: F401 - fixture

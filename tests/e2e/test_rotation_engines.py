@@ -13,7 +13,7 @@ import pytest
 from agent.identity import csr_make, key_ensure
 from cli.simcluster import SimNode
 from cli.wait import wait_until
-from nodes.models import Event
+from core.models import Event
 from pki.models import Certificate
 from pki.signing import cert_sign_node
 from replicas.catalog import catalog_apply

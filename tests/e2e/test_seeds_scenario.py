@@ -7,8 +7,9 @@ import urllib.request
 import pytest
 
 from cli.wait import wait_until
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event, Node
+from nodes.models import Node
 from replicas.catalog import catalog_apply
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, Replica

@@ -22,9 +22,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.protocol import HeartbeatReply, example_heartbeat
+from core.models import Event
 from nodes import liveness
-from nodes.choices import EventKind, NodeStatus
-from nodes.models import Event, Fabric, Gpu, Hca, Node
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import Fabric, Gpu, Hca, Node
 from pki import services as pki_services
 from pki.models import Certificate
 from tests.conftest import mtls_client, mtls_context
@@ -401,7 +402,7 @@ def test_gpu_already_on_another_node_is_a_conflict_recorded_not_a_refusal(agent_
     assert r.status_code == 200, r.text
     assert not Gpu.objects.filter(node__name="node02").exists()
     assert Gpu.objects.filter(node__name="node01").count() == 8
-    conflicts = Event.objects.filter(kind=EventKind.GPU_CONFLICT)
+    conflicts = Event.objects.filter(kind=NodeEventKind.GPU_CONFLICT)
     assert {e.node.name for e in conflicts} == {"node01", "node02"}
     assert {e.data["gpu"] for e in conflicts} == {g["uuid"] for g in payload()["gpus"]}
     assert all("node01 keeps it" in e.message for e in conflicts)
@@ -440,9 +441,9 @@ def test_first_heartbeat_registers_the_node_with_an_event(agent_api, client_cert
         ("mlx5_1", "ib-a", "ACTIVE", "400 Gb/sec (4X NDR)"),
     ]
     assert list(node.fabrics.values_list("name", flat=True)) == ["ib-a"]
-    registered = Event.objects.get(node=node, kind=EventKind.NODE_REGISTERED)
+    registered = Event.objects.get(node=node, kind=NodeEventKind.NODE_REGISTERED)
     assert "8 GPUs" in registered.message and "ib-a" in registered.message
-    status = Event.objects.get(node=node, kind=EventKind.NODE_STATUS)
+    status = Event.objects.get(node=node, kind=NodeEventKind.NODE_STATUS)
     assert status.data == {"from": "registered", "to": "ready"}
     # Heard: the liveness store knows it.
     assert liveness.store().seen("node01") is not None
@@ -538,7 +539,7 @@ def test_discovery_error_is_stored_and_shown(agent_api, client_cert, admin_token
     node = Node.objects.get(name="node01")
     assert node.discovery_errors == [problem]
     assert not node.gpus.filter(missing_since=None).exists()
-    event = Event.objects.filter(node=node, kind=EventKind.NODE_INVENTORY).latest("id")
+    event = Event.objects.filter(node=node, kind=NodeEventKind.NODE_INVENTORY).latest("id")
     assert problem in event.message and event.severity == "warning"
 
     api = APIClient()
@@ -550,14 +551,14 @@ def test_discovery_error_is_stored_and_shown(agent_api, client_cert, admin_token
     assert post(agent_api, creds, "node01").status_code == 200
     node.refresh_from_db()
     assert node.discovery_errors == []
-    assert "none" in Event.objects.filter(node=node, kind=EventKind.NODE_INVENTORY).latest("id").message
+    assert "none" in Event.objects.filter(node=node, kind=NodeEventKind.NODE_INVENTORY).latest("id").message
 
 
 def test_first_heartbeat_with_discovery_errors_is_recorded(agent_api, client_cert):
     creds = client_cert("node01")
     r = post(agent_api, creds, "node01", payload(discovery_errors=["mlx5_1: ports/1/state unreadable"]))
     assert r.status_code == 200
-    event = Event.objects.get(node__name="node01", kind=EventKind.NODE_INVENTORY)
+    event = Event.objects.get(node__name="node01", kind=NodeEventKind.NODE_INVENTORY)
     assert "mlx5_1: ports/1/state unreadable" in event.message
 
 

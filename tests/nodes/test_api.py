@@ -15,9 +15,11 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from accounts.services import token_create
+from core.choices import CoreEventKind
+from core.models import Event
 from nodes import liveness
-from nodes.choices import EventKind, NodeStatus
-from nodes.models import ControlPlaneClock, Event
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import ControlPlaneClock
 from pki import services as pki_services
 from tests.factories import EventFactory, FabricFactory, GpuFactory, HcaFactory, NodeFactory
 
@@ -86,7 +88,7 @@ def test_cordon_and_uncordon(api, cluster):
     r = api.post("/api/v1/nodes/node01/cordon/")
     assert r.status_code == 200, r.content
     assert r.json()["status"] == "cordoned" and r.json()["name"] == "node01"
-    event = Event.objects.filter(node__name="node01", kind=EventKind.NODE_STATUS).latest("id")
+    event = Event.objects.filter(node__name="node01", kind=NodeEventKind.NODE_STATUS).latest("id")
     assert event.message == "ready -> cordoned: cordoned by user operator"
 
     r = api.post("/api/v1/nodes/node01/cordon/")
@@ -134,9 +136,9 @@ def test_fabrics(api, cluster):
 
 def test_events_filters_and_order(api, cluster):
     node01, node02 = cluster
-    first = EventFactory(node=node01, subject="node/node01", kind=EventKind.NODE_STATUS, message="one")
-    second = EventFactory(node=node02, subject="node/node02", kind=EventKind.NODE_INVENTORY, message="two")
-    third = EventFactory(subject="control-plane", kind=EventKind.CONTROL_PLANE, message="three")
+    first = EventFactory(node=node01, subject="node/node01", kind=NodeEventKind.NODE_STATUS, message="one")
+    second = EventFactory(node=node02, subject="node/node02", kind=NodeEventKind.NODE_INVENTORY, message="two")
+    third = EventFactory(subject="control-plane", kind=CoreEventKind.CONTROL_PLANE, message="three")
 
     r = api.get("/api/v1/events/")
     assert r.status_code == 200
@@ -301,7 +303,7 @@ def test_every_admin_changelist_loads(admin_client, everything):
         if obj is not None:
             change = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
             assert admin_client.get(change).status_code == 200, change
-    assert {"nodes.Node", "nodes.Gpu", "nodes.Hca", "nodes.Fabric", "nodes.Event", "nodes.ControlPlaneClock",
+    assert {"nodes.Node", "nodes.Gpu", "nodes.Hca", "nodes.Fabric", "core.Event", "nodes.ControlPlaneClock",
             "pki.Certificate"} <= set(checked)
 
 

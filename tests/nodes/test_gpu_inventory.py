@@ -11,11 +11,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from agent.protocol import example_heartbeat
+from core.models import Event
 from nodes import liveness
-from nodes.choices import EventKind, NodeStatus
-from nodes.models import Event, Gpu, GpuConflict, Node
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import Gpu, GpuConflict, Node
 from replicas import reconcile
-from replicas.choices import ReplicaStatus
+from replicas.choices import ReplicaEventKind, ReplicaStatus
 from replicas.models import GpuAllocation, Replica
 from tests.agent_view import peer_for, send_heartbeat
 from tests.factories import CatalogEntryFactory
@@ -64,7 +65,7 @@ def assert_conflict_shown(claimant: str, holder: str) -> None:
     for name in (claimant, holder):
         shown = api_node(name)["gpu_conflicts"]
         assert [(c["gpu"], c["holder"], c["claimant"]) for c in shown] == [(SHARED, holder, claimant)], (name, shown)
-        event = Event.objects.filter(node__name=name, kind=EventKind.GPU_CONFLICT).get()
+        event = Event.objects.filter(node__name=name, kind=NodeEventKind.GPU_CONFLICT).get()
         assert SHARED in event.message and f"{holder} keeps it" in event.message
 
 
@@ -113,25 +114,25 @@ def test_an_allocated_gpu_that_vanishes_fails_its_replica_not_the_node():
     replica = Replica.objects.get(model__name="m")
     assert replica.status == ReplicaStatus.SCHEDULED
     held = GpuAllocation.objects.select_related("gpu").get(member__replica=replica).gpu
-    before = Event.objects.filter(kind=EventKind.NODE_STATUS, node__name="node01").count()
+    before = Event.objects.filter(kind=NodeEventKind.NODE_STATUS, node__name="node01").count()
 
     liveness.store.cache_clear()
     for _ in range(2):
         status, reply = send_heartbeat(node01, "node01", beat("node01", uuids=[u for u in uuids if u != held.uuid]))
         assert status == 200, reply
     assert liveness.store().seen("node01") is not None
-    failed = Event.objects.get(kind=EventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", data__to="failed")
+    failed = Event.objects.get(kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", data__to="failed")
     assert held.uuid in failed.message and "vanished from node node01" in failed.message
     replica.refresh_from_db()
     # No engine was reported running: the failed replica's members are reaped at once.
     assert replica.status == ReplicaStatus.STOPPED
     gpu = Gpu.objects.get(pk=held.pk)
     assert gpu.missing_since is not None
-    missing = Event.objects.get(kind=EventKind.GPU_MISSING, node__name="node01")
+    missing = Event.objects.get(kind=NodeEventKind.GPU_MISSING, node__name="node01")
     assert held.uuid in missing.message and "missing" in missing.message
     node = Node.objects.get(name="node01")
     assert node.status == NodeStatus.READY
-    assert Event.objects.filter(kind=EventKind.NODE_STATUS, node__name="node01").count() == before
+    assert Event.objects.filter(kind=NodeEventKind.NODE_STATUS, node__name="node01").count() == before
     shown = {g["uuid"]: g["missing_since"] for g in api_node("node01")["gpus"]}
     assert shown[held.uuid] is not None and all(shown[u] is None for u in uuids if u != held.uuid)
 

@@ -17,8 +17,9 @@ from agent.client import ControlPlaneClient, ServerError, Unavailable
 from agent.config import AgentConfig, SupervisorConfig, TlsConfig
 from agent.runner import ReconnectCap
 from accounts.services import token_create
-from nodes import liveness, outages
-from nodes.models import Event
+from core import outages
+from core.models import Event
+from nodes import liveness
 from tests.conftest import REPO, free_port
 from tests.factories import NodeFactory
 

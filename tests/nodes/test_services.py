@@ -14,9 +14,11 @@ import time
 import pytest
 
 from agent.protocol import example_heartbeat
+from core.choices import CoreEventKind, EventSeverity
+from core.models import Event
 from nodes import heartbeat, liveness
-from nodes.choices import EventKind, EventSeverity, NodeStatus
-from nodes.models import ControlPlaneClock, Event, Node
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import ControlPlaneClock, Node
 from nodes.sweep import nodes_sweep_lost
 from tests.factories import NodeFactory
 
@@ -83,7 +85,7 @@ def _status(name: str) -> str:
 
 
 def _control_plane_events() -> list[str]:
-    return list(Event.objects.filter(kind=EventKind.CONTROL_PLANE).order_by("id").values_list("message", flat=True))
+    return list(Event.objects.filter(kind=CoreEventKind.CONTROL_PLANE).order_by("id").values_list("message", flat=True))
 
 
 def test_a_node_silent_past_the_grace_period_is_lost(line):
@@ -99,14 +101,14 @@ def test_a_node_silent_past_the_grace_period_is_lost(line):
     assert _status("node01") == NodeStatus.LOST
     assert _status("node02") == NodeStatus.READY
 
-    event = Event.objects.get(node__name="node01", kind=EventKind.NODE_STATUS)
+    event = Event.objects.get(node__name="node01", kind=NodeEventKind.NODE_STATUS)
     assert event.data == {"from": "ready", "to": "lost"}
     assert event.severity == EventSeverity.ERROR
     assert "no heartbeat for 10s (grace 10s)" in event.message
 
     # Compare-and-set: sweeping again declares nothing twice.
     assert line.sweep(12) == []
-    assert Event.objects.filter(node__name="node01", kind=EventKind.NODE_STATUS).count() == 1
+    assert Event.objects.filter(node__name="node01", kind=NodeEventKind.NODE_STATUS).count() == 1
 
 
 def test_a_node_within_grace_is_not_lost(line):
@@ -115,7 +117,7 @@ def test_a_node_within_grace_is_not_lost(line):
         line.heartbeat("node01", offset)
         assert line.sweep_every(offset, offset + 4) == []
     assert _status("node01") == NodeStatus.READY
-    assert not Event.objects.filter(kind=EventKind.NODE_STATUS).exists()
+    assert not Event.objects.filter(kind=NodeEventKind.NODE_STATUS).exists()
 
 
 @pytest.mark.parametrize("status", [NodeStatus.REGISTERED, NodeStatus.CORDONED, NodeStatus.DRAINING, NodeStatus.DRAINED])
@@ -124,7 +126,7 @@ def test_every_live_status_can_be_lost(line, status):
     line.heartbeat("node01", 0)
     assert line.sweep_every(0, 10) == []
     assert line.sweep(12) == ["node01"]
-    assert Event.objects.get(kind=EventKind.NODE_STATUS).data == {"from": status, "to": "lost"}
+    assert Event.objects.get(kind=NodeEventKind.NODE_STATUS).data == {"from": status, "to": "lost"}
 
 
 def test_a_node_that_never_heartbeat_is_judged_from_its_status_change(line):
@@ -154,7 +156,7 @@ def test_a_stale_listener_mark_means_nobody_is_lost(line):
     # The agent API stops writing its mark at 4; sweeps keep running.
     assert line.sweep_every(6, 60, listener=False) == []
     assert {_status("node01"), _status("node02")} == {NodeStatus.READY}
-    assert not Event.objects.filter(kind=EventKind.NODE_STATUS).exists()
+    assert not Event.objects.filter(kind=NodeEventKind.NODE_STATUS).exists()
 
     messages = _control_plane_events()
     deaf = [m for m in messages if "agent API has not been running" in m]
@@ -224,7 +226,7 @@ def test_a_lost_node_that_heartbeats_again_comes_back_ready_and_empty(line):
     assert reply["desired"]["members"] == []
     node = Node.objects.get(name="node01")
     assert node.status == NodeStatus.READY
-    back = Event.objects.filter(node=node, kind=EventKind.NODE_STATUS).latest("id")
+    back = Event.objects.filter(node=node, kind=NodeEventKind.NODE_STATUS).latest("id")
     assert back.data == {"from": "lost", "to": "ready"}
     assert "comes back empty" in back.message
 
@@ -238,7 +240,7 @@ def test_a_lost_node_that_heartbeats_again_comes_back_ready_and_empty(line):
 def test_lost_nodes_are_not_swept_again(line):
     line.node("node01", status=NodeStatus.LOST)
     assert line.sweep_every(0, 40) == []
-    assert not Event.objects.filter(kind=EventKind.NODE_STATUS).exists()
+    assert not Event.objects.filter(kind=NodeEventKind.NODE_STATUS).exists()
 
 
 def test_sweep_keeps_the_stored_heartbeat_copy_roughly_current(line, store):

@@ -8,8 +8,9 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from nodes.choices import EventKind, NodeStatus
-from nodes.models import ControlPlaneClock, Event, Node
+from core.models import Event
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import ControlPlaneClock, Node
 from tests.control_plane import (  # noqa: F401 - fixtures
     celery_factory,
     control_plane_env,
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def lost_events(node: str):
-    return Event.objects.filter(kind=EventKind.NODE_STATUS, subject=f"node/{node}", data__to=NodeStatus.LOST)
+    return Event.objects.filter(kind=NodeEventKind.NODE_STATUS, subject=f"node/{node}", data__to=NodeStatus.LOST)
 
 
 def wait_for_a_sweep_after(moment: dt.datetime) -> None:
@@ -93,7 +94,7 @@ def test_real_worker_and_beat_mark_a_silent_node_lost(agent_api_factory, celery_
     node = Node.objects.get(name="silent01")
     assert node.status == NodeStatus.READY
     assert Event.objects.filter(
-        kind=EventKind.NODE_STATUS, subject="node/silent01", data__from=NodeStatus.LOST, data__to=NodeStatus.READY
+        kind=NodeEventKind.NODE_STATUS, subject="node/silent01", data__from=NodeStatus.LOST, data__to=NodeStatus.READY
     ).exists()
     # And the sweeps that follow leave it alone while it is heard.
     chatty.stop()

@@ -5,10 +5,12 @@ import itertools
 import pytest
 from django.utils import timezone
 
+from core.choices import EventSeverity
+from core.exceptions import InvalidTransition, NotFound
+from core.models import Event
 from nodes import liveness
-from nodes.choices import LIVE, NODE_TRANSITIONS, EventKind, EventSeverity, NodeStatus
-from nodes.exceptions import InvalidTransition, NotFound
-from nodes.models import Event, Node
+from nodes.choices import LIVE, NODE_TRANSITIONS, NodeEventKind, NodeStatus
+from nodes.models import Node
 from nodes.services import node_cordon, node_transition, node_uncordon
 from tests.factories import NodeFactory
 
@@ -54,7 +56,7 @@ def test_allowed_transition_changes_status_and_writes_an_event(start, to, django
     assert node.status == to
     assert node.status_reason == "because a test said so"
     assert timezone.now() - node.status_changed_at < timezone.timedelta(seconds=30)
-    event = Event.objects.get(node=node, kind=EventKind.NODE_STATUS)
+    event = Event.objects.get(node=node, kind=NodeEventKind.NODE_STATUS)
     assert event.data == {"from": start, "to": to}
     assert event.message == f"{start} -> {to}: because a test said so"
     assert event.subject == "node/node01"

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
-from nodes.models import Event
+from core.models import Event
 from provisioning.models import Hypervisor, Job
 from tests.factories import NodeFactory
 

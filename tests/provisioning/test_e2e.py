@@ -15,7 +15,7 @@ import httpx
 import pytest
 from django.conf import settings
 
-from nodes.models import Event
+from core.models import Event
 from provisioning import services
 from provisioning.choices import TERMINAL, JobStatus
 from provisioning.models import Job, Step

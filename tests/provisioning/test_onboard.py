@@ -254,7 +254,7 @@ def test_reinstall_upgrades_in_place_then_a_wiped_machine_gets_a_new_identity(qu
     [new] = Certificate.objects.filter(common_name="onb-again", revoked_at=None)
     assert old.revocation_reason == f"superseded by {new.serial} (onboarding job {job.pk})"
     assert "superseded" in job.steps.get(name="certificate").log[-1]["line"]
-    from nodes.models import Event
+    from core.models import Event
     revoked = Event.objects.get(subject=f"certificate/{cert.serial}")
     assert revoked.node.name == "onb-again" and "revoked by user ops: superseded by" in revoked.message
     # Refused: a 403 naming the revocation, or (once the listener's copy of

@@ -5,12 +5,12 @@ import itertools
 import pytest
 from django.utils import timezone
 
+from core.exceptions import InvalidTransition
+from core.models import Event
 from provisioning import services
 from provisioning.choices import JOB_TRANSITIONS, STEP_TRANSITIONS, JobKind, JobStatus, StepStatus
 from provisioning.exceptions import InvalidJobTransition
 from provisioning.models import Job, Step
-from nodes.exceptions import InvalidTransition
-from nodes.models import Event
 
 pytestmark = pytest.mark.django_db
 

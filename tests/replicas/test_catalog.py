@@ -70,7 +70,7 @@ def test_entry_that_can_never_fit_is_accepted_and_says_why():
 
 
 def test_scale_unknown_model_names_it():
-    from nodes.exceptions import NotFound
+    from core.exceptions import NotFound
 
     with pytest.raises(NotFound, match="no model named 'ghost'"):
         model_scale(name="ghost", replicas=1)

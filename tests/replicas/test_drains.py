@@ -5,12 +5,13 @@ again (issue 9, item 4), through the services on PostgreSQL."""
 import pytest
 from django.db import transaction
 
-from nodes.choices import EventKind, NodeStatus
-from nodes.exceptions import InvalidTransition
-from nodes.models import Event, Node
+from core.exceptions import InvalidTransition
+from core.models import Event
+from nodes.choices import NodeStatus
+from nodes.models import Node
 from nodes.services import node_uncordon
 from replicas import drain, reconcile, services
-from replicas.choices import PLACED, DrainOutcome, DrainStatus, MemberState, ReplicaStatus
+from replicas.choices import PLACED, DrainOutcome, DrainStatus, MemberState, ReplicaEventKind, ReplicaStatus
 from replicas.models import Drain, Member, Replica
 from tests.factories import CatalogEntryFactory, node_with_gpus
 
@@ -97,7 +98,7 @@ def test_a_blocked_replica_does_not_stop_the_drain_trying_the_others(stuck_and_m
     waiting = started.replicas[str(wide.pk)]
     assert waiting["outcome"] == DrainOutcome.WAITING and "node02" in waiting["reason"]
     assert any("wide replica" in line and "keeps running" in line for line in started.log)
-    assert Event.objects.filter(kind=EventKind.DRAIN, severity="error", message__contains="blocked").exists()
+    assert Event.objects.filter(kind=ReplicaEventKind.DRAIN, severity="error", message__contains="blocked").exists()
 
 
 def _blocked_drain(stuck_and_movable):
@@ -124,7 +125,7 @@ def test_uncordon_ends_the_drain_and_it_never_resumes(stuck_and_movable):
     assert started.status == DrainStatus.CANCELLED and started.finished_at is not None
     assert not Replica.objects.filter(draining=True, status__in=PLACED).exists()
     assert started.replicas[str(wide.pk)]["outcome"] == DrainOutcome.RELEASED
-    event = Event.objects.filter(kind=EventKind.DRAIN, message__contains="ended").latest("id")
+    event = Event.objects.filter(kind=ReplicaEventKind.DRAIN, message__contains="ended").latest("id")
     assert f"drain {started.pk} of node01 ended (node01 uncordoned by an operator)" in event.message
     assert f"wide replica {wide.pk}" in event.message
 
@@ -145,7 +146,7 @@ def test_cancel_ends_the_drain_leaves_the_node_cordoned_and_it_never_resumes(stu
     assert cancelled.status == DrainStatus.CANCELLED
     assert Node.objects.get(name="node01").status == NodeStatus.CORDONED
     assert not Replica.objects.filter(draining=True, status__in=PLACED).exists()
-    assert Event.objects.filter(kind=EventKind.DRAIN, message__contains=f"drain {started.pk} of node01 ended "
+    assert Event.objects.filter(kind=ReplicaEventKind.DRAIN, message__contains=f"drain {started.pk} of node01 ended "
                                 "(cancelled by an operator)").exists()
     _make_room()
     _settle(6)

@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 import pytest
 from django.db import close_old_connections, connection
 
+from core.exceptions import InvalidTransition
 from nodes.choices import NodeStatus
-from nodes.exceptions import InvalidTransition
 from nodes.heartbeat import node_heartbeat
 from nodes.models import Node
 from nodes.services import node_transition, node_uncordon

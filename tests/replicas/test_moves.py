@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from cli.demo import SAMPLE_CATALOG
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event
 from nodes.services import node_transition
 from replicas import reconcile, services
 from replicas.catalog import catalog_apply

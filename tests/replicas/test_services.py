@@ -4,8 +4,9 @@ rebuild and drain, through the services on PostgreSQL."""
 import pytest
 from django.db import IntegrityError, transaction
 
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Event, Node
+from nodes.models import Node
 from nodes.services import node_transition
 from replicas import drain, reconcile, services
 from replicas.choices import MemberState, ReplicaStatus

@@ -8,13 +8,13 @@ import pytest
 from django.utils import timezone
 from rest_framework import status
 
+from core.choices import EventSeverity
+from core.exceptions import InvalidTransition
+from core.models import Event
 from gateway import selectors as gateway_selectors
+from replicas.choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, REPLICA_TRANSITIONS, DrainStatus, ReplicaEventKind, ReplicaStatus
 from web.errors import exception_handler
-from nodes.choices import EventKind, EventSeverity
-from nodes.exceptions import InvalidTransition
-from nodes.models import Event
 from replicas import hooks
-from replicas.choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, REPLICA_TRANSITIONS, DrainStatus, ReplicaStatus
 from replicas.drain import DRAIN_STATES
 from replicas.exceptions import InvalidDrainTransition, InvalidReplicaTransition
 from replicas.models import Drain, Replica
@@ -93,7 +93,7 @@ def test_allowed_replica_transition_changes_status_and_writes_an_event(start, to
         assert replica.ready_at == replica.status_changed_at
     if to == ReplicaStatus.SCHEDULED:
         assert replica.pending_reason == ""
-    event = Event.objects.get(kind=EventKind.REPLICA_STATUS)
+    event = Event.objects.get(kind=ReplicaEventKind.REPLICA_STATUS)
     assert event.subject == f"replica/{replica.pk}"
     assert event.message == f"m replica {replica.pk}: {start} -> {to}: because a test said so"
     assert event.data == {"model": "m", "replica": replica.pk, "from": start, "to": to}
@@ -173,7 +173,7 @@ def test_allowed_drain_transition_changes_status_and_writes_an_event(start, to):
     assert timezone.now() - drain.status_changed_at < timezone.timedelta(seconds=30)
     assert drain.log[0] == "before" and drain.log[-1].endswith(" because a test said so")
     assert (drain.finished_at is not None) == (to in DRAIN_ENDED)
-    event = Event.objects.get(kind=EventKind.DRAIN)
+    event = Event.objects.get(kind=ReplicaEventKind.DRAIN)
     assert (event.subject, event.message, event.severity) == ("node/node01", "drain: because a test said so", "warning")
     assert event.data == {"from": start, "to": to}
 

@@ -26,8 +26,8 @@ def seeded(small_cluster, pki_dir):
     from django.utils import timezone
 
     from gateway.services import key_create
-    from nodes.choices import EventSeverity
-    from nodes.events import event_record
+    from core.choices import EventSeverity
+    from core.events import event_record
     from nodes.models import Gpu, GpuConflict, Node
     from pki.services import cert_issue_client
     from provisioning.models import Hypervisor, Job, Step

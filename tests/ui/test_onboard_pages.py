@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from nodes.models import Event
+from core.models import Event
 from provisioning import sshkeys
 from provisioning.models import Job
 from tests.conftest import free_port

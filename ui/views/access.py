@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts.actors import actor  # noqa: F401 (the views import it from here)
-from nodes.exceptions import InvalidTransition, NotFound
+from core.exceptions import InvalidTransition, NotFound
 
 
 def viewer(*perms: str):

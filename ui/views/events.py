@@ -1,7 +1,8 @@
 from django.shortcuts import render
 
-from nodes import selectors as node_selectors
-from nodes.choices import EventKind, EventSeverity
+from core import selectors as core_selectors
+from core.choices import EventSeverity
+from core.events import event_kinds
 
 from .access import viewer
 
@@ -13,7 +14,7 @@ def _events(query):
     replica = query.get("replica", "").strip()
     kind = query.get("kind", "")
     severity = query.get("severity", "")
-    events = node_selectors.event_list(node=node or None, kind=kind if kind in EventKind.values else None)
+    events = core_selectors.event_list(node=node or None, kind=kind if kind in event_kinds() else None)
     if severity in EventSeverity.values:
         events = events.filter(severity=severity)
     if replica.isdigit():
@@ -22,14 +23,14 @@ def _events(query):
     return events[:LIMIT], filters
 
 
-@viewer("nodes.view_event")
+@viewer("core.view_event")
 def events_page(request):
     events, filters = _events(request.GET)
-    return render(request, "ui/events.html", {"events": events, "filters": filters, "kinds": EventKind.values,
+    return render(request, "ui/events.html", {"events": events, "filters": filters, "kinds": event_kinds(),
                                               "severities": EventSeverity.values, "limit": LIMIT})
 
 
-@viewer("nodes.view_event")
+@viewer("core.view_event")
 def events_live(request):
     events, _ = _events(request.GET)
     return render(request, "ui/partials/event_list.html", {"events": events})

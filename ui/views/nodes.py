@@ -9,8 +9,8 @@ from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
 
-from nodes import selectors as node_selectors
-from nodes import services as node_services
+from core import selectors as core_selectors
+from nodes import selectors as node_selectors, services as node_services
 from nodes.models import GpuConflict
 from pki import services as pki_services
 from pki.choices import CertificateKind
@@ -73,7 +73,7 @@ def node_page(request, name: str):
     context = _node_context(name)
     certificates = Certificate.objects.filter(common_name=name, kind=CertificateKind.CLIENT).order_by("-not_after")
     context["certificates"], context["renewal"] = cert_states(certificates[:10], now=timezone.now())
-    context["events"] = node_selectors.event_list(node=name)[:50]
+    context["events"] = core_selectors.event_list(node=name)[:50]
     if request.user.has_perm("provisioning.run_provisioning"):
         context.update(reonboard_context(context["node"]))
     return render(request, "ui/node.html", context)

@@ -14,10 +14,9 @@ from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import redirect, render
 
+from core.exceptions import NotFound
 from nodes import selectors as node_selectors
-from nodes.exceptions import NotFound
-from provisioning import selectors as prov_selectors
-from provisioning import sshkeys
+from provisioning import selectors as prov_selectors, sshkeys
 from provisioning.choices import JobKind
 from provisioning.onboarding import job_onboard_create, onboard_request_check
 from provisioning.validation import RequestInvalid

@@ -9,7 +9,7 @@ from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import redirect, render
 
-from nodes.models import Event
+from core.models import Event
 from replicas import catalog
 from replicas.choices import WANTED, ReplicaStatus
 from replicas.models import CatalogEntry, Member, Replica

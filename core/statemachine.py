@@ -21,7 +21,7 @@ from django.utils import timezone
 from .choices import EventSeverity
 from .events import event_record, events_record
 from .exceptions import InvalidTransition
-from .models import Event, Node
+from .models import Event
 
 
 class StateMachine:
@@ -33,7 +33,7 @@ class StateMachine:
     noun: str  # "node", "replica", "drain": how refusals name the row
     table: Mapping[str, Set[str]]
     error: type[InvalidTransition] = InvalidTransition
-    event_kind: str
+    event_kind: str  # registered by the machine's app (core.events)
     # The model's free-text reason field and its length (None: unbounded), or no field.
     reason_field: str | None = "status_reason"
     reason_max: int | None = None
@@ -49,7 +49,8 @@ class StateMachine:
     def data(self, row: Any, previous: str, to: str) -> dict[str, Any]:
         return {"from": previous, "to": to}
 
-    def event_node(self, row: Any) -> Node | None:
+    def event_node(self, row: Any) -> Any:
+        """The nodes.Node the row's Events are about, if any."""
         return None
 
     def changing(self, row: Any, previous: str, to: str) -> list[str]:

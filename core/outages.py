@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from .choices import EventKind, EventSeverity
+from .choices import CoreEventKind, EventSeverity
+from .events import event_record
+from .models import Event
 
 logger = logging.getLogger(__name__)
 
@@ -147,22 +149,32 @@ class Dependency:
                 return
 
 
+# pg_advisory_xact_lock's key for outage_record (any constant no other lock uses).
+_OUTAGE_LOCK = 0x6C6C6D67_6F757467 & 0x7FFFFFFFFFFFFFFF
+
+
+def _outage_lock() -> None:
+    """Hold the cluster-wide outage lock until the transaction ends. SQLite's
+    transactions are IMMEDIATE (settings): its writers queue already."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_OUTAGE_LOCK])
+
+
 def outage_record(*, dependency: str, outage: _Outage) -> None:
     """One Event per outage for the whole cluster: every process that saw it
-    reports it, the first to get here writes it."""
-    from .events import event_record
-    from .models import ControlPlaneClock, Event
-
+    reports it, the first to get here writes it (the others wait on the
+    lock, then find its Event)."""
     subject = f"dependency/{dependency}"
     with transaction.atomic():
-        ControlPlaneClock.objects.select_for_update().get_or_create(pk=1)
-        if Event.objects.filter(kind=EventKind.CONTROL_PLANE, subject=subject,
+        _outage_lock()
+        if Event.objects.filter(kind=CoreEventKind.CONTROL_PLANE, subject=subject,
                                 data__back_at__gte=outage.down_at).exists():
             return
         seconds = outage.back_at - outage.down_at
         down = dt.datetime.fromtimestamp(outage.down_at, tz=dt.timezone.utc)
         event_record(
-            kind=EventKind.CONTROL_PLANE,
+            kind=CoreEventKind.CONTROL_PLANE,
             subject=subject,
             message=f"{DESCRIPTION[dependency]} was unreachable for {seconds:.0f}s from "
             f"{down:%Y-%m-%d %H:%M:%S} UTC ({outage.cause}); it is back",
