@@ -14,8 +14,10 @@ import time
 
 import pytest
 
-from nodes.choices import EventKind, NodeStatus
-from nodes.models import ControlPlaneClock, Event, Node
+from core.choices import CoreEventKind
+from core.models import Event
+from nodes.choices import NodeEventKind, NodeStatus
+from nodes.models import ControlPlaneClock, Node
 from tests.control_plane import control_plane_env, wait_until
 
 GRACE = 4.0

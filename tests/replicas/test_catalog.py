@@ -2,7 +2,7 @@
 
 import pytest
 
-from nodes.models import Event
+from core.models import Event
 from replicas.catalog import CatalogInvalid, catalog_apply, model_scale
 from replicas.models import CatalogEntry
 from tests.factories import node_with_gpus

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodes.models import Event, Node
+from core.models import Event
+from nodes.models import Node
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from accounts import roles
-from nodes.models import Event, Node
+from core.models import Event
+from nodes.models import Node
 
 V, O, A = roles.VIEWER, roles.OPERATOR, roles.ADMIN
 OPERATORS, ADMINS = {O, A}, {A}
