@@ -43,7 +43,7 @@ def _unavailable(exc: Exception, node_id: str) -> JsonResponse:
     dependency = outages.dependency_failed(exc)
     if dependency is None:
         raise exc
-    # Said once when the dependency went away (nodes.outages); not once per request.
+    # Said once when the dependency went away (core.outages); not once per request.
     logger.debug("agent-api answered 503 node=%s dependency=%s", node_id, dependency)
     response = _error(503, outages.unavailable_message(dependency, exc), dependency=dependency)
     response["Retry-After"] = str(outages.RETRY_AFTER)

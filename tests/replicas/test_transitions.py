@@ -1,6 +1,6 @@
 """The replica and drain state machines: every (from, to) pair of
 REPLICA_TRANSITIONS and DRAIN_TRANSITIONS, through the one transition helper
-(nodes.statemachine) that nodes use too (tests/nodes/test_transitions.py)."""
+(core.statemachine) that nodes use too (tests/nodes/test_transitions.py)."""
 
 import itertools
 
