@@ -26,6 +26,7 @@ from . import hooks
 from .choices import CertificateKind
 from .models import Certificate
 from .names import validate_node_id
+from .selectors import revoked_serials
 
 logger = logging.getLogger(__name__)
 
@@ -305,6 +306,20 @@ def _serial_key(target: str) -> str:
     return target
 
 
+def cert_mark_revoked(*, row: Certificate, reason: str, now: dt.datetime | None = None) -> None:
+    """Record ``row`` (locked by the caller, inside its transaction) as
+    revoked: the one place that writes ``revoked_at``. Revoking by hand
+    (``cert_revoke``) and superseding at renewal (``signing.cert_renew``)
+    both come here. This process's copy of the revoked serials is dropped
+    after the commit; other processes re-read theirs within
+    ``LLMGW_REVOCATION_CACHE_SECONDS``."""
+    row.revoked_at = now or timezone.now()
+    row.revocation_reason = reason
+    row.save(update_fields=["revoked_at", "revocation_reason"])
+    logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
+    transaction.on_commit(revoked_serials.invalidate)
+
+
 def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certificate]:
     """Revoke by serial (hex) or by node id (every live client certificate of it).
     ``actor`` (who asked) is passed to the revocation hooks (nodes records an Event)."""
@@ -330,10 +345,7 @@ def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certi
         for row in rows:
             if row.kind == CertificateKind.CA:
                 raise PkiError("the authority's own certificate cannot be revoked; replace the authority")
-            row.revoked_at = now
-            row.revocation_reason = reason
-            row.save(update_fields=["revoked_at", "revocation_reason"])
-            logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
+            cert_mark_revoked(row=row, reason=reason, now=now)
             for handler in hooks.cert_revoked_handlers:
                 handler(certificate=row, actor=actor, reason=reason)
     return rows
