@@ -5,8 +5,9 @@ class ProvisioningConfig(AppConfig):
     name = "provisioning"
 
     def ready(self) -> None:
-        from . import onboard_finish, onboarding, stepkit, steps
+        from . import stepkit, vm_steps
+        from .onboard import request, steps
 
-        stepkit.kind_register(kind=steps.KIND, steps=steps.PROVISION_STEPS,
-                              on_success=onboarding.onboard_after_provision)
-        stepkit.kind_register(kind=onboard_finish.KIND, steps=onboard_finish.ONBOARD_STEPS)
+        stepkit.kind_register(kind=vm_steps.KIND, steps=vm_steps.PROVISION_STEPS,
+                              on_success=request.onboard_after_provision)
+        stepkit.kind_register(kind=steps.KIND, steps=steps.ONBOARD_STEPS)

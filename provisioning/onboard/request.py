@@ -18,10 +18,10 @@ from nodes.events import event_record
 from nodes.models import Node
 from pki.names import InvalidNodeId, validate_node_id
 
-from . import queue, stepkit
-from .choices import JobKind, JobStatus
-from .models import Job, Step
-from .validation import RequestInvalid
+from .. import queue, stepkit
+from ..choices import JobKind, JobStatus
+from ..models import Job, Step
+from ..validation import RequestInvalid
 
 # The seeds' meaning of a bare `--fabric NAME`: its two default adapters.
 DEFAULT_HCAS = ("mlx5_0", "mlx5_1")
