@@ -43,7 +43,7 @@ def _secret_key() -> str:
     # Created 0600, never readable by others even for a moment.
     from django.utils.crypto import get_random_string
 
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = get_random_string(64)
     try:
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

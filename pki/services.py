@@ -53,7 +53,7 @@ def pki_dir() -> Path:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     # An existing file keeps its mode through O_CREAT: tighten it before the
     # key is written, not after.
@@ -62,10 +62,10 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def _write_public(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_public(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.write_bytes(data)
-    os.chmod(path, 0o644)
+    os.chmod(path, mode)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -136,7 +136,8 @@ def ca_init(*, common_name: str = "llmgw CA", days: int = 3650) -> Certificate:
         .sign(key, hashes.SHA256())
     )
     _write_private(pki_dir() / CA_KEY, _key_pem(key))
-    _write_public(pki_dir() / CA_CERT, cert.public_bytes(serialization.Encoding.PEM))
+    # Public, but the PKI directory is private as a whole (cli/datadir.py).
+    _write_public(pki_dir() / CA_CERT, cert.public_bytes(serialization.Encoding.PEM), mode=0o600)
     with transaction.atomic():
         row = _record(cert, kind=CertificateKind.CA, sans=[])
     logger.info("pki ca created cn=%s serial=%s dir=%s", common_name, row.serial, pki_dir())
@@ -261,7 +262,7 @@ def cert_issue_server(
     issued = Issued(row, cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), ca_pem)
     if install:
         _write_private(pki_dir() / SERVER_KEY, issued.key_pem)
-        _write_public(pki_dir() / SERVER_CERT, issued.cert_pem)
+        _write_public(pki_dir() / SERVER_CERT, issued.cert_pem, mode=0o600)
     logger.info(
         "pki server certificate issued cn=%s sans=%s serial=%s", common_name, ",".join(row.subject_alt_names), row.serial
     )
