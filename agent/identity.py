@@ -53,15 +53,6 @@ def csr_make(*, node_id: str, key: ec.EllipticCurvePrivateKey) -> bytes:
     return request.public_bytes(serialization.Encoding.PEM)
 
 
-def cert_matches_key(cert_path: Path, key: ec.EllipticCurvePrivateKey) -> bool:
-    """True when cert_path holds a certificate for this key."""
-    try:
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    except (OSError, ValueError):
-        return False
-    return cert.public_key().public_numbers() == key.public_key().public_numbers()
-
-
 def cert_window(cert_path: Path) -> tuple[float, float]:
     """(not_before, not_after) of the certificate, as Unix times."""
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())

@@ -165,7 +165,7 @@ class GpuInfo:
 @dataclass
 class HcaInfo:
     name: str
-    fabric: str | None  # the fabric the agent's configuration names for it
+    fabric: str | None = None  # the fabric the agent's configuration names for it
     port: int = 1
     state: str = ""  # "ACTIVE", "DOWN", ...
     phys_state: str = ""  # "LinkUp", ...

@@ -6,7 +6,7 @@ would starve heartbeats. Here a long-poll that has nothing to say yet is
 parked: its socket sits in the selector, no thread holds it, and the request
 is re-run through Django when the node's state changes or its wait runs out.
 
-``nodes.watch`` and ``nodes.liveness`` are imported inside the methods that
+``nodes.longpoll`` and ``nodes.liveness`` are imported inside the methods that
 use them: they import the models, and gunicorn imports this worker class in its master process, before
 any worker has loaded the Django application.
 """
@@ -38,9 +38,9 @@ class AgentApiWatchWorker(AgentApiWorker):
         self._parked_lock = threading.Lock()
 
     def run(self) -> None:
-        from nodes import watch
+        from nodes import longpoll
 
-        target = self._pubsub_loop if watch.use_pubsub() else self._db_poll_loop
+        target = self._pubsub_loop if longpoll.use_pubsub() else self._db_poll_loop
         threading.Thread(target=target, name="desired-watch", daemon=True).start()
         super().run()
 
@@ -59,7 +59,7 @@ class AgentApiWatchWorker(AgentApiWorker):
             return False
 
     def handle_request(self, req, conn):
-        from nodes import watch
+        from nodes import longpoll
 
         checked_at = time.monotonic()
         peer = None
@@ -68,7 +68,7 @@ class AgentApiWatchWorker(AgentApiWorker):
         except (OSError, ValueError):
             pass
         try:
-            park = watch.parkable(method=req.method, path=req.path, query=req.query, peer_der=peer)
+            park = longpoll.parkable(method=req.method, path=req.path, query=req.query, peer_der=peer)
         except Exception:  # noqa: BLE001 - let the view answer, and report, whatever went wrong
             logger.exception("long-poll check failed; answering at once")
             park = None
@@ -148,13 +148,13 @@ class AgentApiWatchWorker(AgentApiWorker):
         self.method_queue.defer(self._wake, node)
 
     def _pubsub_loop(self) -> None:
-        from nodes import liveness, watch
+        from nodes import liveness, longpoll
 
         while True:
             try:
                 client = liveness.store().client
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(liveness.channel_scoped(client, watch.CHANNEL))
+                pubsub.subscribe(liveness.channel_scoped(client, longpoll.CHANNEL))
                 for message in pubsub.listen():
                     if message.get("type") == "message":
                         self._changed(message["data"].decode())
@@ -163,7 +163,7 @@ class AgentApiWatchWorker(AgentApiWorker):
                 time.sleep(1.0)
 
     def _db_poll_loop(self) -> None:
-        from nodes import watch
+        from nodes import longpoll
 
         while True:
             time.sleep(DB_POLL_EVERY)
@@ -172,7 +172,7 @@ class AgentApiWatchWorker(AgentApiWorker):
             if not waiting:
                 continue
             try:
-                current = watch.versions(list(waiting))
+                current = longpoll.versions(list(waiting))
             except Exception as exc:  # noqa: BLE001
                 logger.warning("desired-state watch cannot read the database: %s", exc)
                 close_old_connections()

@@ -88,7 +88,7 @@ def main() -> int:
     from provisioning import agentwheel, sshkeys
     from provisioning.choices import TERMINAL
     from provisioning.models import Job, Step
-    from provisioning.onboarding import job_onboard_create
+    from provisioning.onboard.request import job_onboard_create
     from tests.conftest import free_port, wait_for_port
     from tests.provisioning.sshnode import SshNode, node_root
 

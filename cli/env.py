@@ -18,6 +18,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The embedded default's data directory when LLMGW_DATA_DIR is unset or empty:
+# ./var beside the code. llmgw_site/settings.py takes DATA_DIR from
+# local_data_dir() too, so the command and the processes it starts agree.
+DEFAULT_DATA_DIR = REPO / "var"
 
 
 def control_plane_url() -> str:
@@ -26,9 +30,9 @@ def control_plane_url() -> str:
 
 
 def local_data_dir() -> Path:
-    """``LLMGW_DATA_DIR``, or the same default as ``settings.DATA_DIR``
-    wherever the command is run from."""
-    return Path(os.environ.get("LLMGW_DATA_DIR") or REPO / "var")
+    """``LLMGW_DATA_DIR``, or ``DEFAULT_DATA_DIR`` wherever the command is run
+    from: ``settings.DATA_DIR`` is this, resolved."""
+    return Path(os.environ.get("LLMGW_DATA_DIR") or DEFAULT_DATA_DIR)
 
 
 def demo_data_dir() -> str:

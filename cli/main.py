@@ -19,6 +19,7 @@ import sys
 from agent.cli import main as agent_main
 
 from .ctl import add_ctl_parser, run_ctl
+from .datadir import UMASK
 from .env import demo_data_dir, setup_django
 
 DEMO_GRACE = "15"  # seconds without a heartbeat before a simulated node is lost
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cmd_up(args) -> int:
+    # Before anything is created: the database, its WAL, the broker's files,
+    # every child's files, private from the start (cli/datadir.py).
+    os.umask(UMASK)
     setup_django(args.data_dir)
     from .up import run_up
 
@@ -81,6 +85,7 @@ def _cmd_demo(args) -> int:
     # A short grace, so that the demo's failure story takes seconds (an
     # explicit LLMGW_NODE_GRACE wins); its children inherit it.
     os.environ.setdefault("LLMGW_NODE_GRACE", DEMO_GRACE)
+    os.umask(UMASK)
     setup_django(args.data_dir or demo_data_dir())
     from . import demo
 

@@ -6,6 +6,7 @@ Imported only once Django is set up (see ``cli/env.py``).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import secrets
 import sys
@@ -19,11 +20,36 @@ from agentapi.command import gunicorn_argv
 from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, pki_ensure_agent_listener
 
 from .commands import beat_argv, web_argv, worker_argv
+from .datadir import DataDirNotPrivate, data_dirs_make_private
 from .env import child_env, ensure_migrated
 from .processes import ProcessGroup, stopped_on_exit
 
 
 ADMIN_PASSWORD_FILE = "admin-password"
+logger = logging.getLogger(__name__)
+
+
+def data_dir_private() -> None:
+    """The data directory (and the PKI and metrics directories, the SQLite
+    files, wherever they are) readable by this user alone: what is not gets
+    its group and other permissions removed, in a log line naming it; what
+    cannot be changed stops ``llmgw up`` before anything starts."""
+    roots = [Path(settings.DATA_DIR), Path(settings.PKI_DIR), Path(settings.LLMGW_METRICS_DIR)]
+    shared = {Path("/"), Path.home().resolve()}
+    if any(root.resolve() in shared for root in roots):
+        # Everything under it would lose its group and other permissions.
+        raise SystemExit(f"llmgw: {settings.DATA_DIR} is not a directory of llmgw's own; "
+                         "give --data-dir (LLMGW_DATA_DIR) one, e.g. ~/llmgw")
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3" and str(db["NAME"]) != ":memory:":
+        roots += [Path(f"{db['NAME']}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")]
+    try:
+        changed = data_dirs_make_private(roots=roots)
+    except DataDirNotPrivate as exc:
+        raise SystemExit(f"llmgw: the data directory {settings.DATA_DIR} must be private to this user: {exc}") from None
+    if changed:
+        logger.warning("made private (group and other permissions removed; the data directory holds sessions, "
+                       "keys and tokens): %s", ", ".join(str(p) for p in changed))
 
 
 def first_run(*, host: str) -> list[str]:
@@ -33,7 +59,8 @@ def first_run(*, host: str) -> list[str]:
     only its owner can read (never printed: output lands in logs and journals).
     """
     lines = []
-    settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+    settings.DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data_dir_private()
     ensure_migrated()
     ips = sorted({"127.0.0.1", host} - {"0.0.0.0", "localhost"})
     if pki_ensure_agent_listener(hosts=["localhost"], ips=ips):
@@ -54,7 +81,7 @@ def first_run(*, host: str) -> list[str]:
     if settings.CELERY_BROKER_URL.startswith("filesystem://"):
         for folder in settings.CELERY_BROKER_TRANSPORT_OPTIONS.values():
             if isinstance(folder, str):
-                Path(folder).mkdir(parents=True, exist_ok=True)
+                Path(folder).mkdir(parents=True, exist_ok=True, mode=0o700)
     return lines
 
 

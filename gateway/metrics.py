@@ -50,7 +50,7 @@ def _alive(pid: int) -> bool:
 def _clean_directory(directory: Path) -> None:
     """Before this process counts anything: drop the files of processes that
     are gone, and any left under this process's pid by an earlier one."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     me = os.getpid()
     for path in directory.glob("*.db"):
         pid = _pid_of(path)

@@ -119,10 +119,6 @@ def key_list():
     return ApiKey.objects.all()
 
 
-def key_get(*, name: str) -> ApiKey | None:
-    return ApiKey.objects.filter(name=name).first()
-
-
 def _gpu_states(status: str, allocated: int, total: int) -> tuple[int, int, int]:
     unallocated = total - allocated
     return (allocated, 0, unallocated) if status == NodeStatus.LOST else (allocated, unallocated, 0)

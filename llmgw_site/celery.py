@@ -36,8 +36,9 @@ def _beat_schedule(sender, **_kwargs):
             "schedule": settings.LLMGW_PROVISION_SWEEP_INTERVAL,
             "options": {"expires": settings.LLMGW_PROVISION_SWEEP_INTERVAL},
         },
-        # A week's notice of a node certificate that nothing renewed (hourly is plenty).
-        "pki-warn-expiring": {
+        # A week's notice of a node certificate that nothing renewed (hourly is plenty);
+        # nodes' task: the warning is an Event about the node (pki records no Events).
+        "nodes-warn-expiring-certs": {
             "task": "nodes.tasks.certs_warn_expiring",
             "schedule": 3600.0,
             "options": {"expires": 3600.0},

@@ -13,11 +13,16 @@ from urllib.parse import urlsplit
 
 import environ
 
+from cli.env import local_data_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 
-DATA_DIR = Path(env.str("LLMGW_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+# LLMGW_DATA_DIR, or ./var beside the code: the llmgw command's own rule
+# (cli/env.py, which imports nothing but the standard library), so that
+# `llmgw ctl` finds the token `llmgw up` wrote.
+DATA_DIR = local_data_dir().resolve()
 PKI_DIR = Path(env.str("LLMGW_PKI_DIR", default=str(DATA_DIR / "pki"))).resolve()
 
 # Which process this is. The agent API runs with its own URLconf and no
@@ -38,7 +43,7 @@ def _secret_key() -> str:
     # Created 0600, never readable by others even for a moment.
     from django.utils.crypto import get_random_string
 
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = get_random_string(64)
     try:
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -1,7 +1,7 @@
 # make engine-check: every engine adapter's output through vLLM's and SGLang's
 # REAL argument parsers, each engine installed in an environment of its own
 # (CPU only, no model, nothing downloaded at run time). It rewrites the option
-# tables in tools/engine_check/ that regular CI tests the adapters against,
+# tables in replicas/engines/options/ that regular CI tests the adapters against,
 # then runs those tests. See docs/engine-check.md.
 ENGINE_VENVS := .engine-venvs
 ENGINE_CHECK := tools/engine_check
@@ -37,7 +37,7 @@ engine-check: engine-venvs $(STAMP)
 	VLLM_TARGET_DEVICE=cpu $(ENGINE_VENVS)/vllm/bin/python $(ENGINE_CHECK)/check.py vllm
 	$(ENGINE_VENVS)/sglang/bin/python $(ENGINE_CHECK)/check.py sglang
 	$(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider tests/replicas/test_engines.py
-	-git diff --stat -- $(ENGINE_CHECK)/*-options.json
+	-git diff --stat -- replicas/engines/options/
 
 engine-venvs-clean:
 	rm -rf $(ENGINE_VENVS)

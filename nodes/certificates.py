@@ -17,34 +17,20 @@ from core.events import event_record
 from core.models import Event
 from pki.choices import CertificateKind
 from pki.models import Certificate
-from pki.selectors import revoked_serials
-from pki.services import PkiError
-from pki.signing import Signed, _same_key, cert_sign_node, csr_load, node_cert_lifetime
+from pki.signing import Signed, cert_renew
 
 logger = logging.getLogger(__name__)
 
 
 def cert_renew_node(*, node_id: str, csr_pem: bytes | str, current_serial: str) -> Signed:
-    """The next certificate of a node that proved itself with its current one
-    (the agent API checked the CN and that it is not revoked). The request
-    must carry a fresh key; the current serial is superseded (refused from
-    now on)."""
-    csr = csr_load(csr_pem)
+    """pki's renewal (``pki.signing.cert_renew``: a fresh key, the current
+    serial superseded) and the Event that tells the cluster, in one
+    transaction."""
     with transaction.atomic():
-        current = Certificate.objects.select_for_update().filter(serial=current_serial).first()
-        if current is None or current.common_name != node_id or current.revoked_at is not None:
-            raise PkiError(f"certificate {current_serial} is not a live certificate of {node_id}")
-        if _same_key(current, csr.public_key()):
-            raise PkiError("the request reuses the current key: make a fresh one for each certificate")
-        signed = cert_sign_node(node_id=node_id, csr_pem=csr_pem, lifetime=node_cert_lifetime())
-        current.revoked_at = timezone.now()
-        current.revocation_reason = f"superseded by {signed.row.serial}"
-        current.save(update_fields=["revoked_at", "revocation_reason"])
+        signed = cert_renew(node_id=node_id, csr_pem=csr_pem, current_serial=current_serial)
         event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"node/{node_id}",
                      message=f"certificate of {node_id} renewed by the node: serial {current_serial} superseded by "
                              f"{signed.row.serial}, valid until {signed.row.not_after:%Y-%m-%d %H:%M:%S} UTC")
-    revoked_serials.invalidate()
-    logger.info("pki node certificate renewed node=%s old=%s new=%s", node_id, current_serial, signed.row.serial)
     return signed
 
 

@@ -11,7 +11,7 @@ from core.choices import EventSeverity
 from core.exceptions import NotFound
 from core.statemachine import StateMachine
 
-from . import hooks, liveness, watch
+from . import hooks, liveness, longpoll
 from .choices import NODE_TRANSITIONS, NodeEventKind, NodeStatus
 from .models import Node
 
@@ -19,7 +19,7 @@ from .models import Node
 def _bump_on_commit(node_names: list[str]) -> None:
     """After commit: invalidate the agent API's cached view of the nodes and
     wake their parked desired-state long-polls (one Redis round trip)."""
-    transaction.on_commit(lambda: liveness.store().bump_many(node_names, channel=watch.CHANNEL))
+    transaction.on_commit(lambda: liveness.store().bump_many(node_names, channel=longpoll.CHANNEL))
 
 
 def _desired_versions_bump(node_names: list[str]) -> None:
@@ -31,7 +31,7 @@ def _desired_versions_bump(node_names: list[str]) -> None:
             Node.objects.select_for_update(no_key=True).filter(name__in=node_names).order_by("pk").values_list("pk", flat=True)
         )
         Node.objects.filter(pk__in=ids).update(desired_version=F("desired_version") + 1)
-    liveness.store().bump_many(node_names, channel=watch.CHANNEL)
+    liveness.store().bump_many(node_names, channel=longpoll.CHANNEL)
 
 
 def nodes_desired_changed(*, node_names: list[str], held: bool = False) -> None:

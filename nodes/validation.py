@@ -1,18 +1,34 @@
 """What a heartbeat must be before anything about it is stored.
 
-``heartbeat_clean`` is the one set of rules: the shape of ``agent.protocol``'s
-heartbeat, checked with DRF's fields (the 400 answer names the field, as the
-operator API does), and ``inventory_problems``, the rules across fields (an
-HCA in two fabrics, a GPU reported twice).
+``heartbeat_clean`` is the one set of rules. The heartbeat's shape (its
+fields, their types, which are required, their defaults) is defined once, by
+``agent.protocol.Heartbeat`` and the dataclasses it nests; the DRF
+serializers that check it are built from those dataclasses (so the 400
+answer names the field, as the operator API does). What the control plane
+adds is here: ``LIMITS``, the bounds of what it stores (column sizes, the
+protocol's name patterns), and ``inventory_problems``, the rules across
+fields (an HCA in two fabrics, a GPU reported twice).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from typing import Any
 
 from rest_framework import serializers
 
-from agent.protocol import ENGINE_STATES, FABRIC_NAME_RE, HCA_NAME_RE, PROTOCOL_VERSION
+from agent.protocol import (
+    ENGINE_STATES,
+    FABRIC_NAME_RE,
+    HCA_NAME_RE,
+    EngineState,
+    FabricMembership,
+    GpuInfo,
+    HcaInfo,
+    Heartbeat,
+)
 
 
 INT16_MAX = 2**15 - 1
@@ -65,70 +81,110 @@ def inventory_problems(data: dict[str, Any]) -> list[str]:
 
 def heartbeat_clean(payload: dict[str, Any]) -> dict[str, Any]:
     """The heartbeat's values, with defaults; HeartbeatInvalid names what is wrong."""
-    schema = _Heartbeat(data=payload)
+    schema = HeartbeatSerializer(data=payload)
     if not schema.is_valid():
         raise HeartbeatInvalid(schema.errors)
     return schema.validated_data
 
 
-# --- the shape, field by field ---------------------------------------------------------
+# --- the shape, from agent.protocol; the bounds, ours ---------------------------------
+
+# "Dataclass.field" -> what the DRF field adds to the protocol's type: the
+# bounds of the columns a value is stored in (refuse what the database would,
+# as a 400 naming the field), the protocol's patterns and choices. For a
+# list, "child" holds what its items add; a string may be blank only where it
+# says so or its default is "".
+LIMITS: dict[str, dict[str, Any]] = {
+    "GpuInfo.index": {"min_value": 0, "max_value": 1023},
+    "GpuInfo.uuid": {"max_length": 64},
+    "GpuInfo.name": {"max_length": 128},
+    "GpuInfo.memory_mib": {"min_value": 0, "max_value": INT32_MAX},  # a PositiveIntegerField
+    "GpuInfo.pci_bus_id": {"max_length": 32},
+    "HcaInfo.name": {"regex": HCA_NAME_RE.pattern},
+    "HcaInfo.fabric": {"max_length": 64},
+    "HcaInfo.port": {"min_value": 1, "max_value": 255},
+    "HcaInfo.state": {"max_length": 32},
+    "HcaInfo.phys_state": {"max_length": 32},
+    "HcaInfo.link_layer": {"max_length": 32},
+    "HcaInfo.rate": {"max_length": 64},
+    "HcaInfo.guid": {"max_length": 64},
+    "HcaInfo.gid": {"max_length": 64},
+    "FabricMembership.name": {"regex": FABRIC_NAME_RE.pattern},
+    "FabricMembership.hcas": {"allow_empty": True, "child": {"max_length": 64}},
+    # The bounds of the columns they are stored in (replicas.Member).
+    "EngineState.member": {"max_length": 64},
+    "EngineState.replica": {"max_length": 64},
+    "EngineState.rank": {"min_value": 0, "max_value": INT16_MAX},
+    "EngineState.state": {"choices": ENGINE_STATES},
+    "EngineState.pid": {"min_value": 0, "max_value": INT32_MAX},
+    "EngineState.exit_code": {"min_value": -INT32_MAX - 1, "max_value": INT32_MAX},
+    "EngineState.log_tail": {"max_length": 2000, "child": {"allow_blank": True}},
+    "Heartbeat.agent_version": {"max_length": 64},
+    "Heartbeat.mgmt_addr": {"max_length": 255, "allow_blank": True},
+    "Heartbeat.mgmt_interface": {"max_length": 64, "allow_blank": True},
+    "Heartbeat.discovery_errors": {"max_length": 100},
+    "Heartbeat.desired_version": {"min_value": 0},
+}
 
 
-class _Gpu(serializers.Serializer):
-    index = serializers.IntegerField(min_value=0, max_value=1023)
-    uuid = serializers.CharField(max_length=64)
-    name = serializers.CharField(max_length=128)
-    # Stored in a PositiveIntegerField: refuse what the database would, as a 400.
-    memory_mib = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
-    pci_bus_id = serializers.CharField(max_length=32)
+def _scalar(kind: Any, limits: dict[str, Any], where: str) -> serializers.Field:
+    limits = dict(limits)
+    if "choices" in limits:
+        return serializers.ChoiceField(**limits)
+    if kind is str:
+        if "regex" in limits:
+            return serializers.RegexField(limits.pop("regex"), **limits)
+        return serializers.CharField(**limits)
+    if kind is int:
+        return serializers.IntegerField(**limits)
+    if kind is float:
+        return serializers.FloatField(**limits)
+    if kind is bool:
+        return serializers.BooleanField(**limits)
+    raise TypeError(f"{where}: no serializer field for {kind!r}")
 
 
-class _Hca(serializers.Serializer):
-    name = serializers.RegexField(HCA_NAME_RE.pattern)
-    fabric = serializers.CharField(max_length=64, allow_null=True, required=False, default=None)
-    port = serializers.IntegerField(min_value=1, max_value=255, default=1)
-    state = serializers.CharField(max_length=32, allow_blank=True, default="")
-    phys_state = serializers.CharField(max_length=32, allow_blank=True, default="")
-    link_layer = serializers.CharField(max_length=32, allow_blank=True, default="")
-    rate = serializers.CharField(max_length=64, allow_blank=True, default="")
-    guid = serializers.CharField(max_length=64, allow_blank=True, default="")
-    gid = serializers.CharField(max_length=64, allow_blank=True, default="")
+def _field(cls: type, f: dataclasses.Field, kind: Any) -> serializers.Field:
+    where = f"{cls.__name__}.{f.name}"
+    limits = dict(LIMITS.get(where, {}))
+    options: dict[str, Any] = {}
+    if f.default is not dataclasses.MISSING:
+        options["default"] = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        options["default"] = f.default_factory
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        options["allow_null"] = True
+    if kind is str and "allow_blank" not in limits:
+        limits["allow_blank"] = options.get("default") == ""
+    if dataclasses.is_dataclass(kind):
+        return _serializer(kind)(**limits, **options)
+    if typing.get_origin(kind) is list:
+        (item,) = typing.get_args(kind)
+        if dataclasses.is_dataclass(item):
+            return _serializer(item)(many=True, **limits, **options)
+        child = _scalar(item, limits.pop("child", {}), where + "[]")
+        return serializers.ListField(child=child, **limits, **options)
+    return _scalar(kind, {**limits, **options}, where)
 
 
-class _FabricMembership(serializers.Serializer):
-    name = serializers.RegexField(FABRIC_NAME_RE.pattern)
-    hcas = serializers.ListField(child=serializers.CharField(max_length=64), allow_empty=True)
+def _serializer(cls: type) -> type[serializers.Serializer]:
+    kinds = typing.get_type_hints(cls)
+    attrs: dict[str, Any] = {f.name: _field(cls, f, kinds[f.name]) for f in dataclasses.fields(cls)}
+    return type(f"{cls.__name__}Serializer", (serializers.Serializer,), attrs)
 
 
-class _EngineState(serializers.Serializer):
-    member = serializers.CharField(max_length=64)
-    replica = serializers.CharField(max_length=64)
-    # The bounds of the columns they are stored in (replicas.Member): refuse
-    # what the database would, as a 400 naming the field.
-    rank = serializers.IntegerField(min_value=0, max_value=INT16_MAX)
-    state = serializers.ChoiceField(choices=ENGINE_STATES)
-    pid = serializers.IntegerField(allow_null=True, required=False, default=None, min_value=0, max_value=INT32_MAX)
-    exit_code = serializers.IntegerField(
-        allow_null=True, required=False, default=None, min_value=-INT32_MAX - 1, max_value=INT32_MAX
-    )
-    healthy = serializers.BooleanField(default=False)
-    log_tail = serializers.ListField(child=serializers.CharField(allow_blank=True), default=list, max_length=2000)
+def _validate(self, data):
+    errors = inventory_problems(data)
+    if errors:
+        raise serializers.ValidationError({"inventory": errors})
+    return data
 
 
-class _Heartbeat(serializers.Serializer):
-    protocol = serializers.IntegerField(default=PROTOCOL_VERSION)
-    agent_version = serializers.CharField(max_length=64)
-    mgmt_addr = serializers.CharField(max_length=255, allow_blank=True)
-    mgmt_interface = serializers.CharField(max_length=64, allow_blank=True)
-    fabrics = _FabricMembership(many=True, default=list)
-    gpus = _Gpu(many=True, default=list)
-    hcas = _Hca(many=True, default=list)
-    discovery_errors = serializers.ListField(child=serializers.CharField(), default=list, max_length=100)
-    engines = _EngineState(many=True, default=list)
-    desired_version = serializers.IntegerField(min_value=0, default=0)
+HeartbeatSerializer = type("HeartbeatSerializer", (_serializer(Heartbeat),), {"validate": _validate})
 
-    def validate(self, data):
-        errors = inventory_problems(data)
-        if errors:
-            raise serializers.ValidationError({"inventory": errors})
-        return data
+# A bound for a field the protocol no longer has would be dropped in silence.
+_unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat)
+                          for f in dataclasses.fields(c)}
+if _unknown:
+    raise TypeError(f"nodes.validation.LIMITS names fields agent.protocol does not have: {sorted(_unknown)}")

@@ -26,6 +26,7 @@ from . import hooks
 from .choices import CertificateKind
 from .models import Certificate
 from .names import validate_node_id
+from .selectors import revoked_serials
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def pki_dir() -> Path:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     # An existing file keeps its mode through O_CREAT: tighten it before the
     # key is written, not after.
@@ -61,10 +62,10 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def _write_public(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_public(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.write_bytes(data)
-    os.chmod(path, 0o644)
+    os.chmod(path, mode)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -135,7 +136,8 @@ def ca_init(*, common_name: str = "llmgw CA", days: int = 3650) -> Certificate:
         .sign(key, hashes.SHA256())
     )
     _write_private(pki_dir() / CA_KEY, _key_pem(key))
-    _write_public(pki_dir() / CA_CERT, cert.public_bytes(serialization.Encoding.PEM))
+    # Public, but the PKI directory is private as a whole (cli/datadir.py).
+    _write_public(pki_dir() / CA_CERT, cert.public_bytes(serialization.Encoding.PEM), mode=0o600)
     with transaction.atomic():
         row = _record(cert, kind=CertificateKind.CA, sans=[])
     logger.info("pki ca created cn=%s serial=%s dir=%s", common_name, row.serial, pki_dir())
@@ -260,7 +262,7 @@ def cert_issue_server(
     issued = Issued(row, cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), ca_pem)
     if install:
         _write_private(pki_dir() / SERVER_KEY, issued.key_pem)
-        _write_public(pki_dir() / SERVER_CERT, issued.cert_pem)
+        _write_public(pki_dir() / SERVER_CERT, issued.cert_pem, mode=0o600)
     logger.info(
         "pki server certificate issued cn=%s sans=%s serial=%s", common_name, ",".join(row.subject_alt_names), row.serial
     )
@@ -305,6 +307,20 @@ def _serial_key(target: str) -> str:
     return target
 
 
+def cert_mark_revoked(*, row: Certificate, reason: str, now: dt.datetime | None = None) -> None:
+    """Record ``row`` (locked by the caller, inside its transaction) as
+    revoked: the one place that writes ``revoked_at``. Revoking by hand
+    (``cert_revoke``) and superseding at renewal (``signing.cert_renew``)
+    both come here. This process's copy of the revoked serials is dropped
+    after the commit; other processes re-read theirs within
+    ``LLMGW_REVOCATION_CACHE_SECONDS``."""
+    row.revoked_at = now or timezone.now()
+    row.revocation_reason = reason
+    row.save(update_fields=["revoked_at", "revocation_reason"])
+    logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
+    transaction.on_commit(revoked_serials.invalidate)
+
+
 def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certificate]:
     """Revoke by serial (hex) or by node id (every live client certificate of it).
     ``actor`` (who asked) is passed to the revocation hooks (nodes records an Event)."""
@@ -330,10 +346,7 @@ def cert_revoke(*, target: str, reason: str = "", actor: str = "") -> list[Certi
         for row in rows:
             if row.kind == CertificateKind.CA:
                 raise PkiError("the authority's own certificate cannot be revoked; replace the authority")
-            row.revoked_at = now
-            row.revocation_reason = reason
-            row.save(update_fields=["revoked_at", "revocation_reason"])
-            logger.warning("pki certificate revoked cn=%s serial=%s reason=%s", row.common_name, row.serial, reason)
+            cert_mark_revoked(row=row, reason=reason, now=now)
             for handler in hooks.cert_revoked_handlers:
                 handler(certificate=row, actor=actor, reason=reason)
     return rows

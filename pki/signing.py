@@ -18,7 +18,7 @@ from django.utils import timezone
 from .choices import CertificateKind
 from .models import Certificate
 from .names import InvalidNodeId, validate_node_id
-from .services import PkiError, _build, _ca, _record
+from .services import PkiError, _build, _ca, _record, cert_mark_revoked
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,25 @@ def cert_sign_node(
         row = _record(cert, kind=CertificateKind.CLIENT, sans=[node_id])
     logger.info("pki node certificate signed node=%s serial=%s until=%s", node_id, row.serial, row.not_after)
     return Signed(row, cert.public_bytes(serialization.Encoding.PEM), ca_pem, new=True)
+
+
+def cert_renew(*, node_id: str, csr_pem: bytes | str, current_serial: str) -> Signed:
+    """The next certificate of a node that proved itself with its current
+    one (the caller checked the CN and that it is not revoked). The request
+    must carry a fresh key; the current serial is superseded: revoked, with
+    "superseded by NEW" as the reason, refused from now on. Runs in the
+    caller's transaction when there is one (nodes records its Event there)."""
+    csr = csr_load(csr_pem)
+    with transaction.atomic():
+        current = Certificate.objects.select_for_update().filter(serial=current_serial).first()
+        if current is None or current.common_name != node_id or current.revoked_at is not None:
+            raise PkiError(f"certificate {current_serial} is not a live certificate of {node_id}")
+        if _same_key(current, csr.public_key()):
+            raise PkiError("the request reuses the current key: make a fresh one for each certificate")
+        signed = cert_sign_node(node_id=node_id, csr_pem=csr_pem, lifetime=node_cert_lifetime())
+        cert_mark_revoked(row=current, reason=f"superseded by {signed.row.serial}")
+    logger.info("pki node certificate renewed node=%s old=%s new=%s", node_id, current_serial, signed.row.serial)
+    return signed
 
 
 def node_cert_lifetime() -> dt.timedelta:

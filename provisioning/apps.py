@@ -7,11 +7,12 @@ class ProvisioningConfig(AppConfig):
     def ready(self) -> None:
         from core.events import event_kinds_register
 
-        from . import onboard_finish, onboarding, stepkit, steps
+        from . import stepkit, vm_steps
         from .choices import ProvisioningEventKind
+        from .onboard import request, steps
 
         event_kinds_register(owner=self.label, kinds=ProvisioningEventKind)
 
-        stepkit.kind_register(kind=steps.KIND, steps=steps.PROVISION_STEPS,
-                              on_success=onboarding.onboard_after_provision)
-        stepkit.kind_register(kind=onboard_finish.KIND, steps=onboard_finish.ONBOARD_STEPS)
+        stepkit.kind_register(kind=vm_steps.KIND, steps=vm_steps.PROVISION_STEPS,
+                              on_success=request.onboard_after_provision)
+        stepkit.kind_register(kind=steps.KIND, steps=steps.ONBOARD_STEPS)

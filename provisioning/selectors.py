@@ -12,13 +12,6 @@ def hypervisor_list() -> QuerySet[Hypervisor]:
     return Hypervisor.objects.all()
 
 
-def hypervisor_get(*, name: str) -> Hypervisor:
-    row = Hypervisor.objects.filter(name=name).first()
-    if row is None:
-        raise JobNotFound(f"no hypervisor named {name!r}; 'llmgw ctl hypervisors' lists them")
-    return row
-
-
 def job_list(*, status: str | None = None, node: str | None = None, kind: str | None = None) -> QuerySet[Job]:
     jobs = Job.objects.select_related("hypervisor", "created_by").prefetch_related(
         Prefetch("steps", queryset=Step.objects.order_by("index"))

@@ -19,7 +19,7 @@ from . import queue, stepkit
 from .choices import ACTIVE, JOB_TRANSITIONS, STEP_TRANSITIONS, JobKind, JobStatus, ProvisioningEventKind, StepStatus
 from .exceptions import InvalidJobTransition, JobNotFound, StepFailed
 from .models import Hypervisor, Job, Step
-from .onboarding import onboard_request_check
+from .onboard.request import onboard_request_check
 from .proxmox import Proxmox, ProxmoxError, needed_privileges
 from .validation import RequestInvalid, hypervisor_fields_check, provision_request_check
 from .vault import secret_encrypt

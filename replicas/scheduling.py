@@ -13,7 +13,6 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
 from core.choices import EventSeverity
 from core.events import event_record
@@ -22,10 +21,11 @@ from nodes.models import Fabric, Gpu, Node
 from nodes.services import nodes_desired_changed
 
 from . import defrag, placement
-from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
+from .choices import PLACED, ReplicaEventKind, ReplicaStatus
 from .engines import member_ports
 from .launch import member_launch
 from .models import CatalogEntry, GpuAllocation, Member, PortAllocation, Replica
+from .selectors import members_wanted
 from .services import replicas_transition_scheduled
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,7 @@ def _orphaned_nodes(nodes: list[Node]) -> set[str]:
     (a node back from the dead, fencing its old replicas): nothing new goes
     to them until those have stopped."""
     wanted = defaultdict(set)
-    for node_name, member_pk in Member.objects.exclude(state=MemberState.GONE).filter(
-        Q(replica__status__in=PLACED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=False)
-    ).values_list("node__name", "pk"):
+    for node_name, member_pk in members_wanted().values_list("node__name", "pk"):
         wanted[node_name].add(f"m{member_pk}")
     orphaned = set()
     for node in nodes:

@@ -5,18 +5,26 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django.db.models import Prefetch, Q
+from django.db.models import Prefetch, Q, QuerySet
 
 from .choices import PLACED, MemberState, ReplicaStatus
 from .models import CatalogEntry, Drain, Member, Replica
 
 
+def members_wanted() -> QuerySet[Member]:
+    """The members that should be running on their nodes: those of a placed
+    replica, and of a stopping one still finishing its in-flight requests (not
+    yet quiesced), unless already gone. The one statement of that rule: the
+    nodes' desired state and the scheduler's view of orphaned engines read it."""
+    return Member.objects.filter(
+        Q(replica__status__in=PLACED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=False)
+    ).exclude(state=MemberState.GONE)
+
+
 def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
-    """The members a node should run: those of its placed replicas."""
+    """The members a node should run: its wanted members."""
     members = (
-        Member.objects.filter(node__name=node_name)
-        .filter(Q(replica__status__in=PLACED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=False))
-        .exclude(state=MemberState.GONE)
+        members_wanted().filter(node__name=node_name)
         .select_related("replica__model")
         .order_by("replica_id", "rank")
     )

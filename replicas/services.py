@@ -30,11 +30,6 @@ from .models import GpuAllocation, Member, PortAllocation, Replica
 logger = logging.getLogger(__name__)
 
 
-def member_wanted(replica: Replica) -> bool:
-    """Whether a replica's members should still run on their nodes."""
-    return replica.status in PLACED or (replica.status == ReplicaStatus.STOPPING and not replica.quiesced)
-
-
 def replicas_quiesce() -> None:
     """Stop the members of stopping replicas once no request is in flight on
     them, or once LLMGW_STOP_GRACE has passed, whichever comes first."""

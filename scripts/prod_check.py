@@ -6,7 +6,9 @@ A virtual environment made from ``requirements.txt`` and the project alone
 ``llmgw up`` against PostgreSQL and Redis: web, agent API, Celery worker and
 beat. A simulated node registers over mTLS and a one-GPU sim replica becomes
 ready. Anything that dies at start (a dependency the test suite's packages
-hide) fails this check.
+hide) fails this check. The installed catalog must also refuse an unknown
+and an abbreviated vLLM flag with the very message the checkout gives (the
+engines' option tables are package data, not files of the checkout).
 
     python3 scripts/prod_check.py      (make prod-check; CI runs it)
 
@@ -106,6 +108,43 @@ def ctl_json(llmgw: str, env: dict[str, str], *args: str) -> list[dict]:
     return json.loads(done.stdout)
 
 
+# Flags the engines' option tables refuse, and nothing else would: without the
+# tables an unknown flag is indistinguishable from a newer engine's.
+BAD_FLAGS = (["--tensor-paralel-size", "2"], ["--max-model", "4096"])
+CHECKOUT_REFUSAL = """\
+import json, sys
+from replicas.engines import EngineArgsError, check_entry
+try:
+    check_entry(engine="vllm", name="prod-check-flags", args=json.loads(sys.argv[1]), env={}, nodes=1, gpus_per_node=1)
+except EngineArgsError as exc:
+    print(exc)
+"""
+
+
+def flags_refused_as_in_checkout(llmgw: str, env: dict[str, str], cwd: str, work: Path) -> None:
+    """``ctl apply`` of an entry with a bad flag, on the runtime-only install,
+    fails with the message the checkout's adapters give for the same args."""
+    for args in BAD_FLAGS:
+        # replicas.engines imports only the standard library: any python reads the checkout's.
+        expected = run([sys.executable, "-c", CHECKOUT_REFUSAL, json.dumps(args)], cwd=str(REPO),
+                       env={**env, "PYTHONPATH": str(REPO)}).stdout.strip()
+        if not expected:
+            raise SystemExit(f"prod-check: the checkout accepted vllm args {args}; pick a flag it refuses")
+        catalog = work / "bad-flags.yaml"
+        catalog.write_text(
+            "models:\n  - name: prod-check-flags\n    engine: vllm\n    model: /models/x\n"
+            f"    nodes: 1\n    gpus_per_node: 1\n    replicas: 0\n    args: {json.dumps(args)}\n"
+        )
+        done = subprocess.run([llmgw, "ctl", "apply", "-f", str(catalog)], env=env, cwd=cwd, text=True, capture_output=True)
+        answer = done.stdout + done.stderr
+        if done.returncode == 0 or expected not in answer:
+            raise SystemExit(
+                f"prod-check: the installed catalog answered vllm args {args} with exit {done.returncode}: "
+                f"{answer.strip()!r}; the checkout refuses them with {expected!r}"
+            )
+        log(f"vllm args {' '.join(args)} refused as in the checkout: {expected}")
+
+
 def stop(proc: subprocess.Popen, signum: int = signal.SIGINT) -> None:
     if proc.poll() is None:
         try:
@@ -191,6 +230,8 @@ def main() -> int:
 
         wait_for("ready replica of prod-check", replica_ready, timeout=90, procs=procs)
         log("a sim replica is ready: web, agent API, worker and beat all ran from a runtime-only install")
+
+        flags_refused_as_in_checkout(llmgw, env, cwd, work)
 
         # Onboarding builds the agent's wheels and installs its unit from the
         # installed package (agent/dist), not from a checkout.

@@ -10,6 +10,7 @@ import signal
 import socket
 import sqlite3
 import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -142,6 +143,19 @@ def up_runs(tmp_path):
             run.kill_everything()
 
 
+def not_private(root: Path) -> list[str]:
+    """What under root (root included) gives its group or others any access."""
+    found = []
+    for path in [root, *root.rglob("*")]:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:  # a broker message consumed meanwhile
+            continue
+        if not stat.S_ISLNK(mode) and mode & 0o077:
+            found.append(f"{path.relative_to(root)} {stat.filemode(mode)}")
+    return found
+
+
 def login(base: str, password: str) -> httpx.Client:
     client = httpx.Client(base_url=base, timeout=10)
     client.get("/admin/login/")
@@ -243,12 +257,29 @@ def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
         p.name for p in data_dir.parent.glob("up-*.log")}
     assert not strays, f"written outside the data dir: {sorted(strays)}"
 
+    # ... and is private to this user: the database and its WAL (sessions)
+    # included, created so by every process (not fixed afterwards).
+    assert (data_dir / "llmgw.sqlite3-wal").exists()
+    assert "made private" not in first.output()
+    assert not not_private(data_dir), not_private(data_dir)
+
     status, left = first.interrupt()
     assert status == 0, first.output()
     assert not left, f"still running after Ctrl-C: {sorted(left)}"
 
-    # A second run on the same data directory creates nothing again.
+    # A second run on the same data directory creates nothing again. Modes an
+    # older version left (a 0755 directory, a 0644 database) are fixed before
+    # anything starts, in a log line naming each.
+    data_dir.chmod(0o755)
+    (data_dir / "llmgw.sqlite3").chmod(0o644)
+    (data_dir / "broker").chmod(0o775)
     second = up_runs()
+    fixed = [line for line in second.output().splitlines() if "made private" in line]
+    assert len(fixed) == 1, second.output()
+    for path in (data_dir, data_dir / "llmgw.sqlite3", data_dir / "broker"):
+        assert str(path) in fixed[0], fixed[0]
+    assert str(data_dir / "ctl-token") not in fixed[0]
+    assert not not_private(data_dir), not_private(data_dir)
     assert PASSWORD_LINE.search(second.output()) is None, second.output()
     assert "changepassword admin" in second.output()
     assert "created the certificate authority" not in second.output()
@@ -256,3 +287,28 @@ def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
     status, left = second.interrupt()
     assert status == 0, second.output()
     assert not left, f"still running after Ctrl-C: {sorted(left)}"
+
+
+def test_llmgw_up_refuses_a_data_dir_it_cannot_make_private(tmp_path):
+    """A file others may read and this user cannot change (immutable here;
+    owned by someone else in life): nothing starts, and the message names it."""
+    data_dir = tmp_path / "llmgw-data"
+    data_dir.mkdir(mode=0o700)
+    stuck = data_dir / "llmgw.sqlite3"
+    stuck.write_text("")
+    stuck.chmod(0o644)
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs CAP_LINUX_IMMUTABLE and ext4 or the like)")
+    try:
+        done = subprocess.run(
+            llmgw_argv() + ["up", "--data-dir", str(data_dir), "--web-port", str(free_port()),
+                            "--agent-port", str(free_port())],
+            env=embedded_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"the data directory {data_dir} must be private to this user" in done.stderr, done.stderr
+    assert f"{stuck} (-rw-r--r--" in done.stderr, done.stderr
+    assert "llmgw is up" not in done.stdout
+    assert stat.S_IMODE(stuck.stat().st_mode) == 0o644

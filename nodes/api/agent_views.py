@@ -28,7 +28,7 @@ from ..exceptions import InventoryRejected
 from ..heartbeat import node_heartbeat
 from ..models import Node
 from ..validation import HeartbeatInvalid
-from ..watch import LongPollInvalid, longpoll_params
+from ..longpoll import LongPollInvalid, longpoll_params
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from .. import sshkeys
 from ..models import Hypervisor, Job, Step
-from ..onboarding import onboard_request_check
+from ..onboard.request import onboard_request_check
 from ..validation import RequestInvalid, hypervisor_fields_check, provision_request_check
 
 

@@ -6,7 +6,8 @@ from rest_framework.response import Response
 
 from accounts.actors import actor
 
-from .. import onboarding, selectors, services, sshkeys
+from .. import selectors, services, sshkeys
+from ..onboard import request as onboard_request
 from ..choices import JobStatus
 from ..validation import RequestInvalid
 from .serializers import (CheckSerializer, HypervisorSerializer, JobSerializer, OnboardSerializer,
@@ -95,7 +96,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         """Onboard a machine over SSH (needs provisioning.run_provisioning)."""
         serializer = OnboardSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        job = _service(onboarding.job_onboard_create, request=serializer.validated_data, user=request.user)
+        job = _service(onboard_request.job_onboard_create, request=serializer.validated_data, user=request.user)
         return Response(JobSerializer(selectors.job_get(job_id=job.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)

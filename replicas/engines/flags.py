@@ -7,12 +7,15 @@ release adds ``--tp-foo``. So llmgw emits full flag names only, and refuses
 abbreviations, short aliases (``-tp``) and unknown flags in what a catalog
 entry passes, naming the flag.
 
-The tables (``tools/engine_check/<engine>-<version>-options.json``) are
-written by ``make engine-check`` from the engines' own parsers and kept in the
-tree. Each maps every option string to its ``dest``, whether it takes a value
-(``none``, ``required``, ``optional``) and its ``choices``. Where a table is
-missing (an installed package without the tools directory), the checks fall
-back to what the adapter itself knows: its managed flags and their prefixes.
+The tables (``replicas/engines/options/<engine>-<version>-options.json``,
+package data: a runtime-only install carries them) are written by
+``make engine-check`` from the engines' own parsers and kept in the tree.
+Each maps every option string to its ``dest``, whether it takes a value
+(``none``, ``required``, ``optional``) and its ``choices``. An adapter that
+names an engine version must find its table: a missing one raises
+``OptionTableMissing`` rather than letting unknown flags through. Only an
+adapter without a version (the sim engine, whose parser is ours) is checked
+against what it knows itself: its managed flags and their prefixes.
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ from .errors import EngineArgsError
 if TYPE_CHECKING:
     from .base import EngineAdapter
 
-REPO = Path(__file__).resolve().parents[2]
-# Where the tables are read from. tools/engine_check/check.py points it at the
-# table it has just written; nothing else changes it. (This package imports
-# only the standard library, so that the check runs in an engine's own
-# environment, without Django: no setting here.)
-TABLES_DIR = REPO / "tools" / "engine_check"
+# Where the tables are read from: beside this module, in the installed
+# package. tools/engine_check/check.py points it at the table it has just
+# written; nothing else changes it. (This package imports only the standard
+# library, so that the check runs in an engine's own environment, without
+# Django: no setting here.)
+TABLES_DIR = Path(__file__).resolve().parent / "options"
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
@@ -105,12 +108,22 @@ def _load(path: str, mtime: float) -> OptionTable:
         return OptionTable.from_dict(json.load(handle))
 
 
-def load_table(engine: str, version: str) -> OptionTable | None:
+class OptionTableMissing(RuntimeError):
+    """An adapter's option table is not where the package keeps it: a broken
+    install, not a caller's mistake (so not an ``EngineArgsError``)."""
+
+
+def load_table(engine: str, version: str) -> OptionTable:
     path = table_path(engine, version)
     try:
         mtime = path.stat().st_mtime
-    except OSError:
-        return None
+    except OSError as exc:
+        # Without the table, unknown and abbreviated flags would pass
+        # unchecked: refuse to check at all instead.
+        raise OptionTableMissing(
+            f"the {engine} {version} option table {path} is missing ({exc.strerror}); "
+            "it is package data of replicas.engines (written by make engine-check): reinstall llmgw"
+        ) from None
     return _load(str(path), mtime)
 
 

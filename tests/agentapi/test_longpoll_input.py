@@ -8,7 +8,7 @@ import time
 import pytest
 
 from nodes.models import Node
-from nodes.watch import MAX_WAIT, LongPollInvalid, longpoll_params
+from nodes.longpoll import MAX_WAIT, LongPollInvalid, longpoll_params
 from tests.conftest import mtls_client
 from tests.nodes.test_agent_api import heartbeat_url, payload
 

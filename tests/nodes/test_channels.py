@@ -7,7 +7,7 @@ import time
 
 from django.conf import settings
 
-from nodes import watch
+from nodes import longpoll
 from nodes.liveness import RedisLiveness, channel_scoped
 
 
@@ -27,14 +27,14 @@ def _messages(pubsub, seconds: float) -> list[bytes]:
 
 def test_a_change_in_one_database_wakes_only_that_databases_watchers():
     ours, theirs = RedisLiveness(settings.LLMGW_REDIS_URL), RedisLiveness(_other_db(settings.LLMGW_REDIS_URL))
-    assert channel_scoped(ours.client, watch.CHANNEL) != channel_scoped(theirs.client, watch.CHANNEL)
+    assert channel_scoped(ours.client, longpoll.CHANNEL) != channel_scoped(theirs.client, longpoll.CHANNEL)
     listening = ours.client.pubsub()
-    listening.subscribe(channel_scoped(ours.client, watch.CHANNEL))
+    listening.subscribe(channel_scoped(ours.client, longpoll.CHANNEL))
     _messages(listening, 0.2)
     try:
-        theirs.bump_many(["chan-node01"], channel=watch.CHANNEL)
+        theirs.bump_many(["chan-node01"], channel=longpoll.CHANNEL)
         assert _messages(listening, 0.5) == []
-        ours.bump_many(["chan-node01"], channel=watch.CHANNEL)
+        ours.bump_many(["chan-node01"], channel=longpoll.CHANNEL)
         assert _messages(listening, 2.0) == [b"chan-node01"]
     finally:
         listening.close()

@@ -47,6 +47,17 @@ def test_tasks_are_registered_with_the_beat_schedule():
     assert entry["task"] == "nodes.tasks.nodes_sweep_lost"
 
 
+def test_each_beat_entry_is_named_after_the_app_whose_task_it_runs():
+    """A reader looking for what 'pki-...' runs should find it in pki."""
+    from llmgw_site.celery import app
+
+    app.loader.import_default_modules()
+    for name, entry in app.conf.beat_schedule.items():
+        assert entry["task"] in app.tasks, f"beat entry {name} runs {entry['task']}, which no app registers"
+        owner = entry["task"].split(".", 1)[0]
+        assert name.startswith(f"{owner}-"), f"beat entry {name} runs {entry['task']}: name it {owner}-..."
+
+
 def test_real_worker_and_beat_mark_a_silent_node_lost(agent_api_factory, celery_factory, heartbeaters, client_cert):
     env = control_plane_env(grace=GRACE, sweep=SWEEP)
     # The agent API first: its "listener alive" mark is what lets the sweep

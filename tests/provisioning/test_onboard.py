@@ -20,10 +20,11 @@ from rest_framework.test import APIClient
 from agent.simkit import KitFabric
 from nodes.models import Node
 from pki.models import Certificate
-from provisioning import onboard_finish, sshkeys
+from provisioning import sshkeys
+from provisioning.onboard import enroll
 from provisioning.choices import JobKind, JobStatus
 from provisioning.models import Job
-from provisioning.onboarding import job_onboard_create
+from provisioning.onboard.request import job_onboard_create
 from provisioning.validation import RequestInvalid
 from tests.conftest import free_port, mtls_client
 
@@ -184,13 +185,13 @@ class WorkerKilled(BaseException):
 def test_a_job_killed_after_signing_resumes_with_the_nodes_key_and_signs_nothing_twice(
         quick, agent_api, ssh_nodes, monkeypatch):
     node = ssh_nodes("onb-killed", 206)
-    real_sign = onboard_finish.cert_sign_node
+    real_sign = enroll.cert_sign_node
 
     def sign_then_die(**kwargs):
         real_sign(**kwargs)
         raise WorkerKilled()
 
-    monkeypatch.setattr(onboard_finish, "cert_sign_node", sign_then_die)
+    monkeypatch.setattr(enroll, "cert_sign_node", sign_then_die)
     job = job_onboard_create(request=request_for(node, agent_api))
     with pytest.raises(WorkerKilled):
         job_run(job.pk)
@@ -199,7 +200,7 @@ def test_a_job_killed_after_signing_resumes_with_the_nodes_key_and_signs_nothing
     key_before = node_key(node)
     assert not (node.root / "etc/llmgw/onb-killed.pem").exists(), "killed before the certificate was copied"
 
-    monkeypatch.setattr(onboard_finish, "cert_sign_node", real_sign)
+    monkeypatch.setattr(enroll, "cert_sign_node", real_sign)
     job = job_run(job.pk, timeout=120)
     assert job.status == JobStatus.SUCCEEDED, (job.status_reason, node.agent_log())
     assert node_key(node) == key_before

@@ -49,7 +49,7 @@ member = shapes.member
 
 def table_of(engine: str) -> dict:
     adapter = ADAPTERS[engine]
-    path = REPO / "tools" / "engine_check" / f"{engine}-{adapter.version}-options.json"
+    path = REPO / "replicas" / "engines" / "options" / f"{engine}-{adapter.version}-options.json"
     return json.loads(path.read_text())
 
 
@@ -392,18 +392,28 @@ def test_unknown_engine_is_refused():
         check_args("tgi", [])
 
 
-def test_without_a_table_managed_flags_and_their_abbreviations_are_still_refused(monkeypatch, tmp_path):
+def test_a_missing_option_table_is_a_loud_error_not_an_unchecked_flag(monkeypatch, tmp_path):
+    """An install without the tables must not quietly pass unknown flags on."""
     monkeypatch.setattr(flags, "TABLES_DIR", tmp_path)
-    assert ADAPTERS["vllm"].table() is None
-    with pytest.raises(EngineArgsError, match="--node-ra: abbreviated vllm flag"):
-        check_args("vllm", ["--node-ra", "1"])
-    with pytest.raises(EngineArgsError, match="--tensor-parallel-size 3: .* must equal 8"):
-        check_args("sglang", ["--tensor-parallel-size", "3"], nodes=1, gpus_per_node=8)
-    # Unknown, but there is nothing to check it against: passed on for the engine to judge.
-    check_args("vllm", ["--some-future-flag", "1"])
-    argv = launch_spec(dataclasses.replace(member("vllm", nodes=1, gpus_per_node=8, rank=0),
-                                           args=["--some-future-flag", "1"])).argv
-    assert argv[-2:] == ["--some-future-flag", "1"]
+    for engine in TABLED:
+        with pytest.raises(flags.OptionTableMissing, match=rf"the {engine} .* option table {tmp_path}/{engine}-.*-options.json is missing"):
+            check_args(engine, ["--some-future-flag", "1"])
+    # The sim engine names no version: it is checked against its own flags, table or not.
+    check_args("sim", ["--token-delay", "0.01"])
+
+
+def test_the_option_tables_are_package_data():
+    """What the catalog reads at run time is inside the package and declared
+    as package data, so a runtime-only install carries it (make prod-check
+    proves it on a real install)."""
+    import tomllib
+
+    for engine in TABLED:
+        path = flags.table_path(engine, ADAPTERS[engine].version)
+        assert path.is_file() and path.is_relative_to(REPO / "replicas"), path
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    declared = pyproject["tool"]["setuptools"]["package-data"]["replicas.engines"]
+    assert "options/*.json" in declared
 
 
 # -- members the scheduler must never produce -------------------------------------

@@ -27,7 +27,7 @@ from replicas import drain, reconcile, services
 from replicas.catalog import catalog_apply, model_scale
 from replicas.choices import PLACED, MemberState
 from replicas.models import Drain, GpuAllocation, Member, PortAllocation
-from replicas.services import member_wanted
+from replicas.selectors import members_wanted
 from tests.control_plane import heartbeat_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,9 +79,7 @@ class Load:
         """What the node's agent would say: its wanted members running and
         healthy, now and then one exited (its replica fails)."""
         engines = []
-        for member in Member.objects.filter(node__name=node).exclude(state=MemberState.GONE).select_related("replica"):
-            if not member_wanted(member.replica):
-                continue  # its agent stopped it
+        for member in members_wanted().filter(node__name=node):  # the others, its agent stopped
             exited = rng.random() < 0.02
             engines.append({
                 "member": member.member_id, "replica": str(member.replica_id), "rank": member.rank,

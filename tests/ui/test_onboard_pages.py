@@ -323,7 +323,7 @@ def test_reonboard_a_node_llmgw_never_connected_to_needs_a_fingerprint(admin_cli
 @pytest.fixture
 def onboarded_node02(small_cluster):
     """node02 as an earlier onboarding job left it: non-default params, the host key it pinned."""
-    from provisioning.onboarding import onboard_request_check
+    from provisioning.onboard.request import onboard_request_check
 
     params = onboard_request_check({
         "node": "node02", "addr": "10.9.0.2", "ssh_port": 2222, "ssh_user": "ubuntu",

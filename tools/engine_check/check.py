@@ -9,8 +9,9 @@ It imports llmgw's adapters from this checkout by path (they import nothing
 but the standard library), builds the engine's own parser on the CPU without
 a model, and:
 
-1. writes the option table (``<engine>-<version>-options.json`` beside this
-   file): every option string of the real parser, its dest, whether it takes
+1. writes the option table (``<engine>-<version>-options.json`` in
+   ``replicas/engines/options/``, package data that the catalog reads at run
+   time): every option string of the real parser, its dest, whether it takes
    a value, and its choices. Regular CI checks the adapters against it;
 2. checks that every flag the adapters emit, refuse or let an entry override
    exists in that parser;
@@ -180,7 +181,8 @@ def check_teeth(engine: Engine) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("engine", choices=sorted(ENGINES))
-    cli.add_argument("--tables-dir", type=Path, default=HERE, help="where to write the option table (default: beside this file)")
+    cli.add_argument("--tables-dir", type=Path, default=flags.TABLES_DIR,
+                     help="where to write the option table (default: replicas/engines/options, the package's own)")
     options = cli.parse_args(argv)
 
     started = time.monotonic()

@@ -18,7 +18,7 @@ from core.exceptions import NotFound
 from nodes import selectors as node_selectors
 from provisioning import selectors as prov_selectors, sshkeys
 from provisioning.choices import JobKind
-from provisioning.onboarding import job_onboard_create, onboard_request_check
+from provisioning.onboard.request import job_onboard_create, onboard_request_check
 from provisioning.validation import RequestInvalid
 
 from ..onboard_form import (ONBOARD_FLAGS, ONBOARD_TEXT, REONBOARD_TEXT, form_read, host_key_file, onboard_request,

@@ -18,10 +18,10 @@ from nodes.choices import NodeStatus
 from nodes.models import Node
 from pki.names import InvalidNodeId, validate_node_id
 
-from . import queue, stepkit
-from .choices import JobKind, JobStatus, ProvisioningEventKind
-from .models import Job, Step
-from .validation import RequestInvalid
+from .. import queue, stepkit
+from ..choices import JobKind, JobStatus, ProvisioningEventKind
+from ..models import Job, Step
+from ..validation import RequestInvalid
 
 # The seeds' meaning of a bare `--fabric NAME`: its two default adapters.
 DEFAULT_HCAS = ("mlx5_0", "mlx5_1")

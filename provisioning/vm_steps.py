@@ -1,4 +1,5 @@
-"""The provisioning job: a Proxmox VM made from a cloud image, up to SSH.
+"""The provisioning job's steps: a Proxmox VM made from a cloud image, up to
+SSH (then onboarding, provisioning/onboard/, takes over when asked).
 
 Each step looks at the hypervisor first and skips what an earlier attempt
 already did; the VM's description carries the job's marker, so a VM this job

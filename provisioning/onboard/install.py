@@ -1,4 +1,5 @@
-"""The onboarding job: a machine reached over SSH becomes a heartbeating node.
+"""The onboarding job, first half: the machine reached over SSH, checked, and
+the agent installed on it (enroll.py: the second half; steps.py: the list).
 
 Every step connects afresh to the pinned host key, looks first and skips what
 is already done, so a job killed anywhere resumes. The node makes its own key;
@@ -16,13 +17,11 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 
-from . import agentwheel, nodessh, selectors, services, sshkeys
-from .choices import JobKind
-from .exceptions import StepFailed
-from .onboarding import hcas_in_two_fabrics
-from .stepkit import Done, Skipped, StepContext, Wait
+from .. import agentwheel, nodessh, selectors, services, sshkeys
+from ..exceptions import StepFailed
+from ..stepkit import Done, Skipped, StepContext, Wait
+from .request import hcas_in_two_fabrics
 
-KIND = JobKind.ONBOARD
 UNIT = "llmgw-agent"
 UNIT_TEMPLATE = agentwheel.UNIT_FILE
 MIN_PYTHON = (3, 11)

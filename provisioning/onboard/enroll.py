@@ -1,5 +1,5 @@
-"""The onboarding job's second half: the node's certificate, agent.yaml, the
-unit, and the first heartbeat (see onboard_steps for the first half).
+"""The onboarding job, second half: the node's certificate, agent.yaml, the
+unit, and the first heartbeat (install.py: the first half; steps.py: the list).
 
 No database work happens inside an SSH session's coroutine (the ORM is
 synchronous): a step reads the node, decides here, then writes to the node.
@@ -21,10 +21,10 @@ from pki.choices import CertificateKind
 from pki.services import CA_CERT, PkiError, cert_revoke, pki_dir
 from pki.signing import cert_sign_node, csr_load
 
-from . import nodessh
-from .exceptions import StepFailed
-from .onboard_steps import KIND, UNIT, UNIT_TEMPLATE, _must, _ssh, agent_install, connect, paths, preflight, q
-from .stepkit import Done, Skipped, StepContext, StepSpec, Wait
+from .. import nodessh
+from ..exceptions import StepFailed
+from ..stepkit import Done, Skipped, StepContext, Wait
+from .install import UNIT, UNIT_TEMPLATE, _must, _ssh, paths, q
 
 # How long the heartbeat step first waits in place for the node (seconds).
 FIRST_LOOK = 5.0
@@ -255,13 +255,3 @@ def first_heartbeat(ctx: StepContext):
     return Wait(ctx.backoff("poll", start=settings.LLMGW_PROVISION_POLL_MIN, ceiling=settings.LLMGW_PROVISION_POLL_MAX),
                 note)
 
-
-ONBOARD_STEPS = [
-    StepSpec("connect", "Connect over SSH (pinned host key)", connect),
-    StepSpec("preflight", "Preflight checks", preflight),
-    StepSpec("agent", "Install the agent from the uploaded wheels", agent_install),
-    StepSpec("certificate", "Key on the node, certificate signed, root trusted", certificate),
-    StepSpec("configure", "Write agent.yaml and check it", configure),
-    StepSpec("start", "Install the unit; systemctl enable --now", start),
-    StepSpec("heartbeat", "Wait for the first heartbeat", first_heartbeat),
-]
