@@ -146,6 +146,22 @@ def test_pipelined_requests_are_answered_each_in_turn(agent_api_factory, client_
         sock.close()
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole head", "head never ending"])
+def test_a_request_head_over_32_kib_is_answered_431_and_closed(agent_api, client_cert, whole):
+    """gunicorn alone would read up to ~800 KiB of headers (100 fields of
+    8 KiB) in a thread; the event loop refuses past 32 KiB (framing.MAX_HEAD)."""
+    sock = tls_connect(agent_api, client_cert("node01"))
+    filler = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"a" * 4000) for i in range(9))  # about 36 KiB
+    try:
+        sock.sendall(b"GET /agent/v1/ping HTTP/1.1\r\nHost: agent-api\r\n" + filler + (b"\r\n" if whole else b""))
+        received, _ = read_until_closed(sock, timeout=5)
+    finally:
+        sock.close()
+    assert received.startswith(b"HTTP/1.1 431 "), received[:200]
+    assert b"Connection: close" in received
+    wait_for_log(agent_api, "refused a request", "431", "cn=node01")
+
+
 def test_an_idle_connection_is_closed_after_the_idle_timeout(agent_api_factory, client_cert):
     server = agent_api_factory(LLMGW_AGENT_IDLE_TIMEOUT="2")
     creds = client_cert("node01")
