@@ -30,7 +30,7 @@ def gunicorn_argv(
         "--bind",
         f"{host}:{port}",
         "--worker-class",
-        "agentapi.watch.AgentApiWatchWorker",
+        "agentapi.parking.AgentApiParkingWorker",
         "--workers",
         str(workers),
         "--threads",

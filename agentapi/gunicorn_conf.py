@@ -1,7 +1,7 @@
 """gunicorn's configuration module for the agent API (``-c python:agentapi.gunicorn_conf``).
 
 It sets Django up in gunicorn's master process, before gunicorn imports the
-worker class: ``agentapi.watch`` and ``agentapi.worker`` use
+worker class: ``agentapi.parking`` and ``agentapi.worker`` import
 ``nodes.liveness``, which imports the models. Settings stay on the command
 line (``agentapi.command.gunicorn_argv``).
 """

@@ -106,7 +106,7 @@ class Intake:
         buf.clear()
         conn.framing.reset()
         conn.data_ready = True
-        self.worker.tpool.put(conn)
+        self.worker.dispatch(conn)
 
     def _wait(self, conn: VerifiedConn, deadline: float) -> None:
         if conn not in self.reading:

@@ -1,115 +1,84 @@
-"""The threads that answer the agent API's requests.
+"""The threads that answer the agent API's requests (gthread's
+``get_thread_pool`` hook, which expects an executor).
 
-What gthread's ThreadPoolExecutor did, without the Future, Condition and
-callbacks it built for every request: connections go to a thread over a lock
-per thread, and come back to the main loop through the worker's method queue.
+A ``concurrent.futures`` executor whose idle threads form a stack: the
+thread that went idle last takes the next request. At a few requests in
+flight, the same few threads then do all the work with their state still in
+the CPU's caches while the rest wait for a burst; ``ThreadPoolExecutor``'s
+shared queue wakes them in turn, which cost about a quarter more CPU per
+request over sixteen threads (bench/heartbeats.py).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .worker import AgentApiWorker
+from concurrent.futures import Executor, Future
 
 
-class Finished:
-    """What ``finish_request`` reads of a finished job (a Future's interface)."""
-
-    __slots__ = ("_result", "_error")
-
-    def __init__(self, result, error: BaseException | None = None) -> None:
-        self._result = result
-        self._error = error
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def result(self):
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
-class _PoolSlot:
-    __slots__ = ("wake", "conn")
+class _Slot:
+    __slots__ = ("wake", "job")
 
     def __init__(self) -> None:
         self.wake = threading.Lock()
-        self.wake.acquire()  # released by put() when it hands this thread a connection
-        self.conn = None
+        self.wake.acquire()  # released by submit() when it hands this thread a job
+        self.job = None
 
 
 _STOP = object()
 
 
-class ConnectionPool:
-    """Threads taking connections from the main loop and handing them back.
-
-    The thread that went idle last takes the next connection (a stack, not a
-    queue): at a few requests in flight, the same few threads do all the
-    work with their state still in the CPU's caches, while the rest wait for
-    a burst. Round-robin over sixteen threads cost a quarter more CPU per
-    request (bench/heartbeats.py).
-    """
-
-    def __init__(self, worker: AgentApiWorker, threads: int) -> None:
-        self._worker = worker
+class StackPool(Executor):
+    def __init__(self, threads: int, *, name: str = "agent-api") -> None:
         self._lock = threading.Lock()
         self._backlog: deque = deque()
-        self._idle: list[_PoolSlot] = []
-        self._slots = [_PoolSlot() for _ in range(threads)]
+        self._idle: list[_Slot] = []
+        self._slots = [_Slot() for _ in range(threads)]
         for i, slot in enumerate(self._slots):
-            threading.Thread(target=self._serve, args=(slot,), name=f"agent-api-{i}", daemon=True).start()
+            threading.Thread(target=self._serve, args=(slot,), name=f"{name}-{i}", daemon=True).start()
 
-    def put(self, conn) -> None:
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        job = (future, fn, args, kwargs)
         with self._lock:
-            if self._idle:
-                slot = self._idle.pop()
-                slot.conn = conn
-                slot.wake.release()
-                return
-            self._backlog.append(conn)
+            if not self._idle:
+                self._backlog.append(job)
+                return future
+            slot = self._idle.pop()
+        slot.job = job
+        slot.wake.release()
+        return future
 
-    def _next(self, slot: _PoolSlot):
+    def _next(self, slot: _Slot):
         with self._lock:
             if self._backlog:
                 return self._backlog.popleft()
             self._idle.append(slot)
         slot.wake.acquire()
-        conn, slot.conn = slot.conn, None
-        return conn
+        job, slot.job = slot.job, None
+        return job
 
-    def _serve(self, slot: _PoolSlot) -> None:
-        worker = self._worker
+    def _serve(self, slot: _Slot) -> None:
         while True:
-            conn = self._next(slot)
-            if conn is _STOP:
+            job = self._next(slot)
+            if job is _STOP:
                 return
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
+                continue
             try:
-                result = worker.handle(conn)
-            except BaseException as exc:  # noqa: BLE001 - finish_request closes the connection
-                worker.method_queue.defer(worker.finish_request, conn, Finished(None, exc))
-                continue
-            if result is True and worker.keep_alive_here(conn):
-                continue
-            worker.method_queue.defer(worker.finish_request, conn, Finished(result))
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the future, as ThreadPoolExecutor does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
-    def shutdown(self, wait: bool = False) -> None:
-        """As ``ThreadPoolExecutor.shutdown``, which gthread calls: threads
-        finish what they hold and stop; ``wait`` is not honoured (gthread
-        never asks for it)."""
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Threads finish what they hold and stop (gthread asks for ``wait=False``)."""
         with self._lock:
             self._backlog.extend(_STOP for _ in self._slots)
             idle, self._idle = self._idle, []
-        for slot in idle:
-            slot.conn = self._backlog.popleft()
+            handed = [(slot, self._backlog.popleft()) for slot in idle]
+        for slot, job in handed:
+            slot.job = job
             slot.wake.release()

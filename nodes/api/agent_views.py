@@ -187,7 +187,7 @@ def certificate(request, node_id: str):
 @require_GET
 def desired(request, node_id: str):
     """The node's desired state. Long-polls that have nothing new yet were
-    parked by the listener before reaching this view (agentapi.watch),
+    parked by the listener before reaching this view (agentapi.parking),
     so it always answers at once."""
     refusal = authorize_node(request, node_id)
     if refusal is not None:

@@ -54,15 +54,28 @@ def read_until_closed(sock: ssl.SSLSocket, timeout: float) -> tuple[bytes, float
     return received, time.monotonic() - started
 
 
-def ping_over(sock: ssl.SSLSocket) -> bytes:
-    sock.sendall(b"GET /agent/v1/ping HTTP/1.1\r\nHost: agent-api\r\n\r\n")
+def read_response(sock: ssl.SSLSocket) -> bytes:
+    """One whole response with a Content-Length (head and body may come in
+    separate records), and nothing after it."""
     sock.settimeout(5)
     answer = b""
-    while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+    while b"\r\n\r\n" not in answer:
         data = sock.recv(4096)
         assert data, f"closed after {answer!r}"
         answer += data
-    return answer
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        data = sock.recv(4096)
+        assert data, f"closed after {answer!r}"
+        body += data
+    return head + b"\r\n\r\n" + body
+
+
+def ping_over(sock: ssl.SSLSocket) -> bytes:
+    sock.sendall(b"GET /agent/v1/ping HTTP/1.1\r\nHost: agent-api\r\n\r\n")
+    return read_response(sock)
 
 
 def test_a_request_trickling_in_is_closed_at_its_deadline(agent_api_factory, client_cert):
@@ -120,15 +133,33 @@ def test_pipelined_requests_are_answered_each_in_turn(agent_api_factory, client_
     ping = b"GET /agent/v1/ping HTTP/1.1\r\nHost: agent-api\r\n\r\n"
     try:
         sock.sendall(ping + ping[:20])  # one whole request and the start of the next
-        sock.settimeout(5)
-        first = sock.recv(4096)
+        first = read_response(sock)
         assert first.startswith(b"HTTP/1.1 200 ") and first.count(b"HTTP/1.1") == 1, first
-        time.sleep(1.0)
+        sock.settimeout(0.5)  # nothing more until the second request is whole
+        with pytest.raises(TimeoutError):
+            sock.recv(4096)
+        time.sleep(0.5)
         sock.sendall(ping[20:])
-        second = sock.recv(4096)
+        second = read_response(sock)
         assert second.startswith(b"HTTP/1.1 200 "), second
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole head", "head never ending"])
+def test_a_request_head_over_32_kib_is_answered_431_and_closed(agent_api, client_cert, whole):
+    """gunicorn alone would read up to ~800 KiB of headers (100 fields of
+    8 KiB) in a thread; the event loop refuses past 32 KiB (framing.MAX_HEAD)."""
+    sock = tls_connect(agent_api, client_cert("node01"))
+    filler = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"a" * 4000) for i in range(9))  # about 36 KiB
+    try:
+        sock.sendall(b"GET /agent/v1/ping HTTP/1.1\r\nHost: agent-api\r\n" + filler + (b"\r\n" if whole else b""))
+        received, _ = read_until_closed(sock, timeout=5)
+    finally:
+        sock.close()
+    assert received.startswith(b"HTTP/1.1 431 "), received[:200]
+    assert b"Connection: close" in received
+    wait_for_log(agent_api, "refused a request", "431", "cn=node01")
 
 
 def test_an_idle_connection_is_closed_after_the_idle_timeout(agent_api_factory, client_cert):

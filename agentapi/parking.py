@@ -4,11 +4,8 @@ A long-poll held in a pool thread costs one thread per node for as long as it
 waits; a thousand agents would need a thousand threads, and a burst of them
 would starve heartbeats. Here a long-poll that has nothing to say yet is
 parked: its socket sits in the selector, no thread holds it, and the request
-is re-run through Django when the node's state changes or its wait runs out.
-
-``nodes.longpoll`` and ``nodes.liveness`` are imported inside the methods that
-use them: they import the models, and gunicorn imports this worker class in its master process, before
-any worker has loaded the Django application.
+is re-run through Django when the node's state changes or its wait runs out
+(``nodes.longpoll`` decides what may be parked and publishes the changes).
 """
 
 from __future__ import annotations
@@ -22,6 +19,8 @@ from functools import partial
 
 from django.db import close_old_connections
 
+from nodes import liveness, longpoll
+
 from .background import release_database_connection
 from .worker import AgentApiWorker
 
@@ -30,7 +29,7 @@ logger = logging.getLogger(__name__)
 DB_POLL_EVERY = 0.25
 
 
-class AgentApiWatchWorker(AgentApiWorker):
+class AgentApiParkingWorker(AgentApiWorker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.parked: dict[str, list] = defaultdict(list)
@@ -38,8 +37,6 @@ class AgentApiWatchWorker(AgentApiWorker):
         self._parked_lock = threading.Lock()
 
     def run(self) -> None:
-        from nodes import longpoll
-
         target = self._pubsub_loop if longpoll.use_pubsub() else self._db_poll_loop
         threading.Thread(target=target, name="desired-watch", daemon=True).start()
         super().run()
@@ -59,8 +56,6 @@ class AgentApiWatchWorker(AgentApiWorker):
             return False
 
     def handle_request(self, req, conn):
-        from nodes import longpoll
-
         checked_at = time.monotonic()
         peer = None
         try:
@@ -119,7 +114,7 @@ class AgentApiWatchWorker(AgentApiWorker):
         conn.resume_req = req
         conn.data_ready = True
         # The request was read whole before it was parked: straight to a thread.
-        self.tpool.put(conn)
+        self.dispatch(conn)
 
     def _parked_readable(self, conn, _fileobj) -> None:
         self._unpark(conn)
@@ -148,8 +143,6 @@ class AgentApiWatchWorker(AgentApiWorker):
         self.method_queue.defer(self._wake, node)
 
     def _pubsub_loop(self) -> None:
-        from nodes import liveness, longpoll
-
         while True:
             try:
                 client = liveness.store().client
@@ -163,8 +156,6 @@ class AgentApiWatchWorker(AgentApiWorker):
                 time.sleep(1.0)
 
     def _db_poll_loop(self) -> None:
-        from nodes import longpoll
-
         while True:
             time.sleep(DB_POLL_EVERY)
             with self._parked_lock:
