@@ -30,19 +30,15 @@ from replicas.models import Drain, GpuAllocation, Member, PortAllocation
 from replicas.services import member_wanted
 from tests.control_plane import heartbeat_payload
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 SECONDS = float(os.environ.get("LLMGW_LOCK_ORDER_SECONDS", "20"))
 NODES = [f"node{i:02d}" for i in range(1, 7)]
 
 
 @pytest.fixture(autouse=True)
-def _no_celery(monkeypatch, settings):
+def _no_waits(settings):
     """The reconcile runs in a thread of its own here, not through a worker."""
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
     settings.LLMGW_ROUTING_SETTLE = 0
     settings.LLMGW_STOP_GRACE = 0
 
