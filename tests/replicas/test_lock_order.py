@@ -115,7 +115,7 @@ def test_heartbeats_reconciles_and_drains_do_not_deadlock():
             node_uncordon(node_name=node)
             return
         started = drain.drain_start(node_name=node)
-        time.sleep(rng.uniform(0.05, 0.4))
+        time.sleep(rng.uniform(0.05, 0.4))  # the scenario: other threads act between a drain's steps
         drain.drain_step(drain_id=started.pk)
         ending = rng.random()
         if ending < 0.35:
@@ -146,7 +146,7 @@ def test_heartbeats_reconciles_and_drains_do_not_deadlock():
         load.run("lost", lost_and_back),
         load.run("scaling", scaling),
     ]
-    time.sleep(SECONDS)
+    time.sleep(SECONDS)  # the scenario: this much mixed load, then every thread must stop
     load.stop.set()
     for thread in threads:
         thread.join(timeout=60)
