@@ -113,6 +113,9 @@ def parkable(*, method: str, path: str, query: str, peer_der: bytes | None) -> P
         close_old_connections()
     if current is None or current != version:
         return None
+    # Read by tests: from this line on, a change of this node wakes the request
+    # (the worker compares the change's time with the moment this check began).
+    logger.debug("long-poll parked node=%s version=%s wait=%gs", node, version, wait)
     return Parkable(node=node, version=version, wait=wait)
 
 

@@ -217,3 +217,22 @@ def admin_token(transactional_db):
 
     user = get_user_model().objects.create_superuser("admin", "", "admin-password-for-tests")
     return token_create(user=user).token
+
+
+# --- reconcile enqueueing switched off --------------------------------------------
+
+
+@pytest.fixture
+def no_reconcile_enqueue(monkeypatch) -> list[float]:
+    """No Celery worker here: the reconcile a service asks for after commit is
+    not sent; the test runs ``reconcile.replicas_reconcile()`` itself when it
+    wants one. Returns the countdowns of the reconciles that were asked for, so
+    that a test can check one was. The only place that names how a reconcile
+    is enqueued: when that changes, change it here."""
+    from replicas import tasks
+
+    asked: list[float] = []
+    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda *a, **k: asked.append(0.0))
+    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async",
+                        lambda *a, countdown=0.0, **k: asked.append(float(countdown)))
+    return asked

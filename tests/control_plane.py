@@ -198,3 +198,50 @@ def heartbeaters():
         beater.stop()
 
 
+
+
+# --- "no node was declared lost" means something only after a sweep could have -----
+
+
+def blame_deadlines(env: dict[str, str]) -> tuple[float, float]:
+    """(grace, post-outage grace) of a control plane started with ``env``,
+    computed as its sweep computes them (nodes.clock)."""
+    from django.test import override_settings
+
+    from nodes.clock import post_outage_grace
+
+    timings = {
+        "LLMGW_NODE_GRACE": float(env["LLMGW_NODE_GRACE"]),
+        "LLMGW_HEARTBEAT_INTERVAL": float(env["LLMGW_HEARTBEAT_INTERVAL"]),
+        "LLMGW_AGENT_RECONNECT_MAX": float(env.get("LLMGW_AGENT_RECONNECT_MAX", "0")),
+    }
+    with override_settings(**timings):
+        return timings["LLMGW_NODE_GRACE"], post_outage_grace()
+
+
+def clock_of_this_database() -> tuple[float | None, float | None, bool]:
+    """(last sweep, heard since, holding failovers) from the ControlPlaneClock row."""
+    from nodes.models import ControlPlaneClock
+
+    row = ControlPlaneClock.objects.filter(pk=1).values_list("last_sweep_at", "heard_since", "holding_since").first()
+    if row is None:
+        return None, None, False
+    last, heard, holding = row
+    return (last.timestamp() if last else None, heard.timestamp() if heard else None, holding is not None)
+
+
+def wait_for_a_sweep_that_could_blame(env: dict[str, str], *, silent_since: float, timeout: float = 60.0,
+                                      clock=clock_of_this_database) -> None:
+    """Wait until the lost-node sweep has run at a moment when it would have
+    declared lost a node unheard since ``silent_since`` (epoch seconds): past
+    its grace, past the fresh grace the control plane gives every node after
+    its own outage, and not holding failovers (nodes.sweep's own test). Only
+    then does "no node was declared lost" say that none was silent."""
+    grace, after_outage = blame_deadlines(env)
+
+    def could_blame() -> bool:
+        last, heard, holding = clock()
+        return bool(last and heard and not holding and last - silent_since > grace and last - heard > after_outage)
+
+    wait_until(could_blame, timeout=timeout,
+               message=f"a sweep that would declare lost a node silent since {silent_since:.1f}")

@@ -21,11 +21,7 @@ SYSTEM_OWNED = [Gpu, Hca, Fabric, Event, ControlPlaneClock, GpuAllocation, PortA
 
 
 @pytest.fixture
-def admin_client(client, monkeypatch, settings):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
+def admin_client(client, no_reconcile_enqueue):
     client.force_login(get_user_model().objects.create_superuser("root", "", "pw-for-tests"))
     return client
 

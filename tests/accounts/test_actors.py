@@ -21,12 +21,8 @@ ENTRY = {"name": "m3", "engine": "sim", "weights": "/models/sim", "nodes": 1, "g
 
 
 @pytest.fixture
-def world(db, settings, monkeypatch):
+def world(db, settings, no_reconcile_enqueue):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda *a, **k: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda *a, **k: None)
     NodeFactory(name="n1")
     NodeFactory(name="n2", status="cordoned")
     NodeFactory(name="n3")

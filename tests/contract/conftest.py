@@ -23,13 +23,9 @@ def heartbeat_template() -> dict:
 
 
 @pytest.fixture
-def placed(db, pki_dir, monkeypatch):
+def placed(db, pki_dir, no_reconcile_enqueue):
     """node01, registered by a heartbeat, with one member of a replica on it;
     returns (peer socket, a well-formed heartbeat reporting that member)."""
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
     peer = peer_for("node01")
     body = heartbeat_template()
     body["engines"] = []

@@ -132,12 +132,13 @@ def production_set(agent_api_factory, web_factory, admin_token, pki_dir, tmp_pat
     redis_server = OwnRedis().start()
     started: list[ProductionSet] = []
 
-    def start(nodes=NODES, *, grace: float = 3.0, **overrides: str) -> ProductionSet:
+    def start(nodes=NODES, *, grace: float = 3.0, api_env: dict[str, str] | None = None,
+              **overrides: str) -> ProductionSet:
         env = {**fast_env(grace=grace), "CELERY_BROKER_URL": redis_server.url, "LLMGW_REDIS_URL": redis_server.url,
                **overrides}
         for key in ("LLMGW_NODE_GRACE", "LLMGW_ROUTING_SETTLE", "LLMGW_STOP_GRACE"):
             setattr(settings, key, float(env[key]))
-        apis = [agent_api_factory(workers=1, threads=8, **env) for _ in range(2)]
+        apis = [agent_api_factory(workers=1, threads=8, **{**env, **(api_env or {})}) for _ in range(2)]
         webs = [web_factory(**env) for _ in range(2)]
         pause_dir = tmp_path / "pause"
         pause_dir.mkdir()

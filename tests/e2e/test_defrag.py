@@ -46,7 +46,7 @@ def test_demo_node02_killed_llama_comes_back_on_ib_b_after_one_move(sim_cluster,
                message="the gateway to route")
 
     with Traffic(web.url, model="qwen-7b-sim", limit=180) as traffic:
-        time.sleep(2)
+        traffic.wait_served(10, what="before the kill")
         cluster.kill_node("node02")
         wait_until(lambda: Node.objects.get(name="node02").status == NodeStatus.LOST, timeout=GRACE + 20,
                    message="node02 declared lost")
@@ -54,7 +54,8 @@ def test_demo_node02_killed_llama_comes_back_on_ib_b_after_one_move(sim_cluster,
         wait_until(lambda: _ready("llama-70b-sim", fabric__name="ib-b") == 2, timeout=READY_AFTER_LOST,
                    message="the llama replacement ready on ib-b")
         took = time.monotonic() - lost_at
-        time.sleep(2)
+        # Served on after the move and the replacement: qwen from where it was moved to.
+        traffic.wait_served(10, after=time.monotonic(), what="after the llama replacement was ready")
 
     moved = Event.objects.get(message__startswith="moving qwen-7b-sim replica")
     replacement = Replica.objects.filter(model__name="llama-70b-sim", fabric__name="ib-b").order_by("-id").first()

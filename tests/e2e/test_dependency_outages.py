@@ -22,6 +22,7 @@ import pytest
 from cli.simcluster import SimCluster, SimNode
 from cli.wait import wait_until
 from tests.conftest import REPO, server_env
+from tests.control_plane import wait_for_a_sweep_that_could_blame
 from tests.e2e.dependencies import own_services  # noqa: F401 - fixture
 from tests.e2e.sim import AGENT_TIMINGS, fast_env
 
@@ -111,24 +112,24 @@ def test_redis_then_postgresql_gone_for_20s_and_back(
             # --- Redis away -------------------------------------------------------
             down = time.time()
             redis_server.stop()
-            time.sleep(OUTAGE / 2)
+            time.sleep(OUTAGE / 2)  # the scenario: halfway through the outage, the operator asks
             ctl = ctl_nodes(web.url, token)
             time.sleep(OUTAGE / 2)
             redis_server.start()
             back = time.time()
             assert ctl.returncode == 1 and "503: the control plane is up, but its redis is down" in ctl.stderr, ctl
             outage_recorded(postgres, "redis", down)
-            settled(postgres, api, cluster, names, replicas)
+            settled(postgres, env, cluster, names, replicas)
             answered_503_never_500(probe.between(down + 3, back - 1), "redis")
 
             # --- PostgreSQL away ----------------------------------------------------
             down = time.time()
             postgres.stop()
-            time.sleep(OUTAGE)
+            time.sleep(OUTAGE)  # the scenario: PostgreSQL stays away this long
             postgres.start()
             back = time.time()
             outage_recorded(postgres, "database", down)
-            settled(postgres, api, cluster, names, replicas)
+            settled(postgres, env, cluster, names, replicas)
             answered_503_never_500(probe.between(down + 3, back - 1), "database")
         assert not [a for a in probe.answers if a[1] >= 500 and a[1] != 503], "the operator API answered 500"
         for name in names:
@@ -164,13 +165,11 @@ def outage_recorded(postgres, dependency: str, down: float) -> None:
     assert OUTAGE - 3 <= data["seconds"] <= OUTAGE + 15, data
 
 
-def settled(postgres, api, cluster: SimCluster, names: list[str], replicas: set[int]) -> None:
-    # Every node heard again, by a sweep that ran after the outage.
-    start = time.time()
-    wait_until(lambda: postgres.query("SELECT count(*) FROM nodes_controlplaneclock WHERE last_sweep_at > "
-                                      "to_timestamp(%s)", start)[0][0] == 1,
-               timeout=RECOVERY, message="a sweep after the outage")
-    time.sleep(5)  # more than the grace period (3 s): long enough to blame anyone it would blame
+def settled(postgres, env: dict[str, str], cluster: SimCluster, names: list[str], replicas: set[int]) -> None:
+    # A sweep has run, after the outage, that would have declared lost a node
+    # unheard since it ended: only then does finding none lost mean something.
+    wait_for_a_sweep_that_could_blame(env, silent_since=time.time(), timeout=RECOVERY,
+                                      clock=lambda: own_clock(postgres))
     lost = postgres.query("SELECT subject, message FROM nodes_event WHERE kind = 'node.status' "
                           "AND data->>'to' = 'lost'")
     assert not lost, f"nodes declared lost though they heartbeated: {lost}"
@@ -184,6 +183,16 @@ def settled(postgres, api, cluster: SimCluster, names: list[str], replicas: set[
     assert len(used) == len(set(used)), f"a GPU given twice: {used}"
     for name in names:
         assert cluster.nodes[name].proc.poll() is None, f"the agent of {name} died"
+
+
+def own_clock(postgres) -> tuple[float | None, float | None, bool]:
+    """The ControlPlaneClock row of this test's own PostgreSQL (see tests.control_plane)."""
+    rows = postgres.query("SELECT extract(epoch FROM last_sweep_at), extract(epoch FROM heard_since), "
+                          "holding_since IS NOT NULL FROM nodes_controlplaneclock WHERE id = 1")
+    if not rows:
+        return None, None, False
+    last, heard, holding = rows[0]
+    return (float(last) if last is not None else None, float(heard) if heard is not None else None, bool(holding))
 
 
 def answered_503_never_500(answers: list[tuple[float, int, str]], dependency: str) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from cli.wait import wait_until
 from replicas.catalog import catalog_apply
+from nodes.choices import NodeStatus
+from nodes.models import Node
 from replicas.choices import ReplicaStatus
 from replicas.drain import drain_start
 from replicas.models import Drain, Member, Replica
@@ -65,6 +67,13 @@ class Traffic:
     def failures(self, after: float = 0.0) -> list[str]:
         return [why for at, ok, why in self.results if not ok and at >= after]
 
+    def served(self, after: float = 0.0) -> int:
+        """Requests answered whole that ended after ``after`` (time.monotonic)."""
+        return sum(1 for at, ok, _ in list(self.results) if ok and at > after)
+
+    def wait_served(self, count: int, *, after: float = 0.0, what: str) -> None:
+        wait_until(lambda: self.served(after) >= count, timeout=60, message=f"{count} requests served {what}")
+
 
 def _start(sim_cluster, web_factory, replicas: int):
     cluster = sim_cluster()
@@ -82,10 +91,11 @@ def test_drain_under_steady_traffic_drops_nothing(sim_cluster, web_factory):
     cluster, web = _start(sim_cluster, web_factory, replicas=2)
     original = Member.objects.filter(replica__status=ReplicaStatus.READY).select_related("node").first()
     with Traffic(web.url) as traffic:
-        time.sleep(2)
+        traffic.wait_served(10, what="before the drain")
         drain = drain_start(node_name=original.node.name)
         wait_until(lambda: Drain.objects.get(pk=drain.pk).status == "done", timeout=90, message="the drain")
-        time.sleep(2)
+        # The original stopped: what comes now is served by its replacement.
+        traffic.wait_served(10, after=time.monotonic(), what="after the drain")
     assert len(traffic.results) > 50, "too little traffic to mean anything"
     assert traffic.failures() == []
     assert Replica.objects.get(pk=original.replica_id).status == ReplicaStatus.STOPPED
@@ -95,10 +105,13 @@ def test_lost_node_new_requests_go_to_the_remaining_replicas(sim_cluster, web_fa
     cluster, web = _start(sim_cluster, web_factory, replicas=2)
     victim = Member.objects.filter(replica__status=ReplicaStatus.READY).select_related("node").first()
     with Traffic(web.url) as traffic:
-        time.sleep(2)
+        traffic.wait_served(10, what="before the kill")
         killed_at = time.monotonic()
         cluster.kill_node(victim.node.name)
-        time.sleep(6)
+        # Through the whole story: before the node is declared lost, and after.
+        wait_until(lambda: Node.objects.get(pk=victim.node_id).status == NodeStatus.LOST, timeout=30,
+                   message=f"{victim.node.name} declared lost")
+        traffic.wait_served(10, after=time.monotonic(), what="after the node was declared lost")
     # What was in flight on the dead node may fail; what came after goes elsewhere.
     assert traffic.failures(after=killed_at + 1.0) == []
     served_after = [r for r in traffic.results if r[0] > killed_at + 1.0 and r[1]]

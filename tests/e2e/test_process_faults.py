@@ -21,6 +21,7 @@ from nodes.choices import NodeStatus
 from nodes.models import ControlPlaneClock, Node
 from replicas.choices import DrainStatus, MemberState, ReplicaStatus
 from replicas.models import Drain, GpuAllocation, Member, Replica
+from tests.control_plane import wait_for_a_sweep_that_could_blame
 from tests.e2e.production import NODES, invariants, production_set, ready_count  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -95,24 +96,33 @@ def test_beat_killed_and_restarted(production_set):
     prod = started(production_set)
     os.killpg(prod.beat.proc.pid, signal.SIGKILL)
     prod.beat.proc.wait(timeout=10)
-    time.sleep(8)  # more than twice the grace period (3 s) without a sweep or a reconcile
+    time.sleep(8)  # the scenario: beat away for more than twice the grace period (3 s), no sweep, no reconcile
     restarted = time.time()
     prod.beat.start()
     wait_until(lambda: ControlPlaneClock.objects.filter(last_sweep_at__gt=_aware(restarted)).exists(),
                timeout=BOUND, message="a sweep after beat restarted")
     scale(prod, 3)
     wait_until(lambda: ready_count("small") == 3, timeout=BOUND, message="three ready replicas")
-    time.sleep(4)  # longer than the grace period: anyone it would blame, it has blamed
+    # The restarted beat's sweeps have come to where they would blame a silent node.
+    wait_for_a_sweep_that_could_blame(prod.env, silent_since=time.time(), timeout=BOUND)
     invariants()
     assert Node.objects.filter(status=NodeStatus.READY).count() == len(SMALL_NODES)
 
 
 def test_agent_api_killed_with_long_polls_parked(production_set):
-    prod = started(production_set, grace=10.0)
+    prod = started(production_set, grace=10.0, api_env={"LLMGW_LOG_LEVEL": "DEBUG"})
     on_second = [name for name, api in prod.api_of.items() if api == 1]
     polls = [prod.long_poll(name, api=1, version=Node.objects.get(name=name).desired_version) for name in on_second]
-    time.sleep(1)  # the agents' own long-polls and ours are parked
     api = prod.apis[1]
+
+    def parked() -> bool:
+        # The listener logs each long-poll it parks (nodes.watch); the agents'
+        # own wait 25 s (agent.runner.LONG_POLL_WAIT), ours 60 s.
+        log = api.log()
+        return all(f"long-poll parked node={name} version={version} wait={wait}s" in log
+                   for name, version in ((p.name, p.version) for p in polls) for wait in (25, 60))
+
+    wait_until(parked, timeout=30, message="the agents' own long-polls and ours parked")
     os.killpg(api.proc.pid, signal.SIGKILL)
     api.proc.wait(timeout=10)
     for poll in polls:

@@ -142,7 +142,7 @@ def test_metrics_keeps_answering_while_a_large_body_is_parsed(gateway_web, make_
         while sender.is_alive():
             assert scraper.get("/metrics").status_code == 200
             scrapes.append(time.monotonic())
-            time.sleep(0.05)
+            time.sleep(0.05)  # the scenario: a scraper every 50 ms while the big body is parsed
         sender.join()
     assert "big" in answered
     # Scrapes kept coming back in the moments before the big request's

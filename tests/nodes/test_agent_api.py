@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.protocol import HeartbeatReply, example_heartbeat
+from cli.wait import wait_until
 from core.models import Event
 from nodes import liveness
 from nodes.choices import NodeEventKind, NodeStatus
@@ -66,15 +67,6 @@ def snapshot() -> dict:
         "fabrics": list(Fabric.objects.order_by("name").values_list("name", flat=True)),
         "events": Event.objects.count(),
     }
-
-
-def wait_until(predicate, *, timeout: float, message: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message}: not within {timeout}s")
-        time.sleep(0.05)
-    return value
 
 
 def wait_for_log(server, *needles: str, timeout: float = 5.0) -> str:

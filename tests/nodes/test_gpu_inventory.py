@@ -21,17 +21,9 @@ from replicas.models import GpuAllocation, Replica
 from tests.agent_view import peer_for, send_heartbeat
 from tests.factories import CatalogEntryFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_reconcile_enqueue", "pki_dir")]
 
 SHARED = "GPU-shared-0000"
-
-
-@pytest.fixture(autouse=True)
-def _no_celery(monkeypatch, settings, pki_dir):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
 
 
 def beat(node_id: str, *, uuids: list[str], **changes) -> dict:

@@ -7,17 +7,10 @@ from replicas.catalog import CatalogInvalid, catalog_apply, model_scale
 from replicas.models import CatalogEntry
 from tests.factories import node_with_gpus
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 ENTRY = {"name": "llama-70b", "engine": "vllm", "model": "/models/llama-70b", "nodes": 2, "gpus_per_node": 4,
          "replicas": 2, "args": ["--max-model-len", "8192"], "env": {"VLLM_LOGGING_LEVEL": "INFO"}}
-
-
-@pytest.fixture(autouse=True)
-def _no_worker(monkeypatch):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
 
 
 def test_apply_is_declarative_and_idempotent():

@@ -37,10 +37,7 @@ def ctl(web_factory, admin_token):
     return run
 
 
-def test_apply_scale_replicas_drain(ctl, tmp_path, monkeypatch):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+def test_apply_scale_replicas_drain(ctl, tmp_path, no_reconcile_enqueue):
     node_with_gpus("node01", fabric="ib-a", addr="127.0.1.1")
     node_with_gpus("node02", fabric="ib-a", addr="127.0.1.2")
     path = tmp_path / "catalog.yaml"

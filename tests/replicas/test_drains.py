@@ -15,16 +15,11 @@ from replicas.choices import PLACED, DrainOutcome, DrainStatus, MemberState, Rep
 from replicas.models import Drain, Member, Replica
 from tests.factories import CatalogEntryFactory, node_with_gpus
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 
 @pytest.fixture(autouse=True)
-def _no_celery(monkeypatch, settings):
-    """No worker here: the tests call reconcile themselves."""
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
+def _no_settle(settings):
     settings.LLMGW_ROUTING_SETTLE = 0
 
 

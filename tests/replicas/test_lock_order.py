@@ -30,19 +30,15 @@ from replicas.models import Drain, GpuAllocation, Member, PortAllocation
 from replicas.selectors import members_wanted
 from tests.control_plane import heartbeat_payload
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 SECONDS = float(os.environ.get("LLMGW_LOCK_ORDER_SECONDS", "20"))
 NODES = [f"node{i:02d}" for i in range(1, 7)]
 
 
 @pytest.fixture(autouse=True)
-def _no_celery(monkeypatch, settings):
+def _no_waits(settings):
     """The reconcile runs in a thread of its own here, not through a worker."""
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
     settings.LLMGW_ROUTING_SETTLE = 0
     settings.LLMGW_STOP_GRACE = 0
 
@@ -117,7 +113,7 @@ def test_heartbeats_reconciles_and_drains_do_not_deadlock():
             node_uncordon(node_name=node)
             return
         started = drain.drain_start(node_name=node)
-        time.sleep(rng.uniform(0.05, 0.4))
+        time.sleep(rng.uniform(0.05, 0.4))  # the scenario: other threads act between a drain's steps
         drain.drain_step(drain_id=started.pk)
         ending = rng.random()
         if ending < 0.35:
@@ -148,7 +144,7 @@ def test_heartbeats_reconciles_and_drains_do_not_deadlock():
         load.run("lost", lost_and_back),
         load.run("scaling", scaling),
     ]
-    time.sleep(SECONDS)
+    time.sleep(SECONDS)  # the scenario: this much mixed load, then every thread must stop
     load.stop.set()
     for thread in threads:
         thread.join(timeout=60)

@@ -16,9 +16,9 @@ from replicas.catalog import catalog_apply
 from replicas.choices import PLACED, ReplicaStatus
 from replicas.models import Member, Replica
 
-from .test_services import _no_celery, _placement, _report, seeds_cluster  # noqa: F401 - fixtures
+from .test_services import _no_settle, _placement, _report, seeds_cluster  # noqa: F401 - fixtures
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 
 def _ready(model: str) -> int:
@@ -151,15 +151,14 @@ def test_never_more_moves_at_once_than_the_setting(seeds_cluster, settings):  # 
     assert Replica.objects.filter(draining=True).count() == 2
 
 
-def test_gpus_freed_by_a_stopped_replica_trigger_a_reconcile(demo, monkeypatch, django_capture_on_commit_callbacks):
+def test_gpus_freed_by_a_stopped_replica_trigger_a_reconcile(demo, no_reconcile_enqueue,
+                                                              django_capture_on_commit_callbacks):
     """Capacity changed: the pending replicas are placed, or their reasons written again, at once."""
-    from replicas import tasks
-
-    asked = []
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: asked.append("now"))
+    asked = no_reconcile_enqueue
+    del asked[:]  # what placing the demo asked for
     qwen = Replica.objects.filter(model__name="qwen-7b-sim").first()
     services.replica_transition(replica_id=qwen.pk, to=ReplicaStatus.STOPPING, reason="test")
     with django_capture_on_commit_callbacks(execute=True):
         _report(qwen.members.get().node, **{m.member_id: (None, False) for m in qwen.members.all()})
     assert Replica.objects.get(pk=qwen.pk).status == ReplicaStatus.STOPPED
-    assert asked, "no reconcile asked for when the GPUs were freed"
+    assert 0.0 in asked, "no reconcile asked for at once when the GPUs were freed"

@@ -14,10 +14,7 @@ from tests.factories import CatalogEntryFactory, node_with_gpus
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_racing_schedulers_with_the_same_stale_snapshot(monkeypatch):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
+def test_racing_schedulers_with_the_same_stale_snapshot(no_reconcile_enqueue):
     node_with_gpus("node01", gpus=2)
     node_with_gpus("node02", gpus=2)
     model = CatalogEntryFactory(name="m", gpus_per_node=2, replicas=2)

@@ -13,16 +13,11 @@ from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, PortAllocation, Replica
 from tests.factories import CatalogEntryFactory, node_with_gpus
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 
 @pytest.fixture(autouse=True)
-def _no_celery(monkeypatch, settings):
-    """No worker here: the tests call reconcile themselves (the worker is tested elsewhere)."""
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
+def _no_settle(settings):
     settings.LLMGW_ROUTING_SETTLE = 0
 
 

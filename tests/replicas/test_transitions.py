@@ -21,7 +21,7 @@ from replicas.models import Drain, Replica
 from replicas.services import replica_transition, replicas_transition_scheduled
 from tests.factories import CatalogEntryFactory, NodeFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_reconcile_enqueue")]
 
 
 def _pairs(values, table):
@@ -41,14 +41,6 @@ def _ids(pairs):
 
 def _long_ago():
     return timezone.now() - timezone.timedelta(hours=1)
-
-
-@pytest.fixture(autouse=True)
-def _no_celery(monkeypatch):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda **kw: None)
 
 
 def _replica(status, **fields):

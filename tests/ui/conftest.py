@@ -38,16 +38,7 @@ def viewer_client(client, viewer):
 
 
 @pytest.fixture
-def no_worker(monkeypatch):
-    """No Celery worker here: the reconcile a service enqueues is not sent."""
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda *a, **k: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda *a, **k: None)
-
-
-@pytest.fixture
-def small_cluster(db, no_worker):
+def small_cluster(db, no_reconcile_enqueue):
     """Two fabrics of two nodes, a fabric-less node, a 2x4 model placed."""
     from replicas import reconcile
     from replicas.catalog import catalog_apply
