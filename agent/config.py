@@ -23,7 +23,7 @@ import yaml
 
 from .durations import BadDuration, parse_duration
 from .identity import cert_window
-from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
+from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE, mgmt_addr_problem
 
 CONFIG_EXIT_STATUS = 2
 
@@ -211,6 +211,11 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
 
     tls = _read_tls(r, top.get("tls"))
     mgmt_addr = r.string(top, "mgmt_addr", "mgmt_addr")
+    # The control plane decides on loopback and host names (its settings);
+    # what is never an address is refused here, before any heartbeat.
+    problem = mgmt_addr_problem(mgmt_addr, hostnames=True) if mgmt_addr else ""
+    if problem:
+        r.error("mgmt_addr", f"{problem}: give this node's IP address, where engines are reached")
     mgmt_interface = r.string(top, "mgmt_interface", "mgmt_interface", default="eth0")
     heartbeat_interval = r.duration(top, "heartbeat_interval", "heartbeat_interval", 5.0)
     reconnect_base = r.duration(top, "reconnect_base", "reconnect_base", 1.0)

@@ -361,6 +361,24 @@ LLMGW_PROVISION_STALL_GRACE = env.float("LLMGW_PROVISION_STALL_GRACE", default=3
 # Onboarding: the agent API's address as nodes reach it (written into their
 # agent.yaml), and how long to wait for a new node's first heartbeat.
 LLMGW_AGENT_SERVER = env.str("LLMGW_AGENT_SERVER", default="https://127.0.0.1:7443")
+def _loopback_server() -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(LLMGW_AGENT_SERVER).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# A node's mgmt_addr is where the gateway sends requests. A loopback address
+# there would point the gateway at itself; it is a node's address only on a
+# cluster of one machine, which is what an agent API reached on loopback
+# means (llmgw up, the demo, simulated clusters). Host names instead of
+# addresses only where a deployment says so (security.md).
+LLMGW_ALLOW_LOOPBACK_NODES = env.bool("LLMGW_ALLOW_LOOPBACK_NODES", default=_loopback_server())
+LLMGW_NODE_HOSTNAMES = env.bool("LLMGW_NODE_HOSTNAMES", default=False)
 LLMGW_ONBOARD_HEARTBEAT_DEADLINE = env.float("LLMGW_ONBOARD_HEARTBEAT_DEADLINE", default=120.0)
 LLMGW_ONBOARD_CLOCK_SKEW = env.float("LLMGW_ONBOARD_CLOCK_SKEW", default=60.0)
 LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)

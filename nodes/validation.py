@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
-from agent.protocol import ENGINE_STATES, FABRIC_NAME_RE, HCA_NAME_RE, PROTOCOL_VERSION
+from agent.protocol import ENGINE_STATES, FABRIC_NAME_RE, HCA_NAME_RE, PROTOCOL_VERSION, mgmt_addr_problem
 
 
 INT16_MAX = 2**15 - 1
@@ -61,6 +62,16 @@ def inventory_problems(data: dict[str, Any]) -> list[str]:
         dupes = sorted({u for u in uuids if uuids.count(u) > 1})
         errors.append(f"GPU uuid reported more than once: {dupes}")
     return errors
+
+
+def mgmt_addr_check(addr: str) -> str:
+    """Why a node may not have this management address ('' when it may), as
+    this deployment's settings say (agent.protocol.mgmt_addr_problem). Blank
+    is allowed: a node without one serves nothing."""
+    if addr == "":
+        return ""
+    return mgmt_addr_problem(addr, hostnames=settings.LLMGW_NODE_HOSTNAMES,
+                             loopback=settings.LLMGW_ALLOW_LOOPBACK_NODES)
 
 
 def heartbeat_clean(payload: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +137,12 @@ class _Heartbeat(serializers.Serializer):
     discovery_errors = serializers.ListField(child=serializers.CharField(), default=list, max_length=100)
     engines = _EngineState(many=True, default=list)
     desired_version = serializers.IntegerField(min_value=0, default=0)
+
+    def validate_mgmt_addr(self, value: str) -> str:
+        problem = mgmt_addr_check(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
     def validate(self, data):
         errors = inventory_problems(data)

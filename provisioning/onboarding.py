@@ -16,6 +16,7 @@ from agent.protocol import FABRIC_NAME_RE, HCA_NAME_RE
 from nodes.choices import EventKind, NodeStatus
 from nodes.events import event_record
 from nodes.models import Node
+from nodes.validation import mgmt_addr_check
 from pki.names import InvalidNodeId, validate_node_id
 
 from . import queue, stepkit
@@ -98,7 +99,12 @@ def onboard_request_check(data: dict[str, Any]) -> dict[str, Any]:
     if not INTERFACE_RE.match(interface):
         errors["mgmt_interface"] = f"{interface!r} is not a network interface name"
     clean["mgmt_interface"] = interface
-    clean["mgmt_addr"] = str(data.get("mgmt_addr") or addr)
+    mgmt_addr = str(data.get("mgmt_addr") or addr)
+    problem = mgmt_addr_check(mgmt_addr) if "addr" not in errors or data.get("mgmt_addr") else ""
+    if problem:
+        given = "" if data.get("mgmt_addr") else " (it defaults to addr)"
+        errors["mgmt_addr"] = f"{problem}{given}: the node's address where the gateway reaches its engines"
+    clean["mgmt_addr"] = mgmt_addr
     nvidia_smi = str(data.get("nvidia_smi") or "")
     if nvidia_smi:
         _absolute(errors, "nvidia_smi", nvidia_smi, "")

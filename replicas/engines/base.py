@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from agent.protocol import url_host
+
 from . import flags
 from .errors import EngineArgsError, LaunchError
 
@@ -296,4 +298,8 @@ def _required(value: int | None, what: str, inp: LaunchInput) -> int:
 
 
 def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+    """The host part of a URL, from the parsed address (agent.protocol)."""
+    try:
+        return url_host(host)
+    except ValueError:
+        raise LaunchError(f"node address {host[:80]!r} is not an address; the node must report an IP address") from None
