@@ -379,6 +379,8 @@ def _loopback_server() -> bool:
 # addresses only where a deployment says so (security.md).
 LLMGW_ALLOW_LOOPBACK_NODES = env.bool("LLMGW_ALLOW_LOOPBACK_NODES", default=_loopback_server())
 LLMGW_NODE_HOSTNAMES = env.bool("LLMGW_NODE_HOSTNAMES", default=False)
+# The user engines run as on onboarded nodes: created there, named in agent.yaml.
+LLMGW_ENGINE_USER = env.str("LLMGW_ENGINE_USER", default="llmgw-engine")
 LLMGW_ONBOARD_HEARTBEAT_DEADLINE = env.float("LLMGW_ONBOARD_HEARTBEAT_DEADLINE", default=120.0)
 LLMGW_ONBOARD_CLOCK_SKEW = env.float("LLMGW_ONBOARD_CLOCK_SKEW", default=60.0)
 LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)
