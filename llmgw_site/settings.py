@@ -246,6 +246,9 @@ LLMGW_NODE_CERT_DAYS = env.int("LLMGW_NODE_CERT_DAYS", default=30)
 LLMGW_NODE_CERT_SECONDS = env.int("LLMGW_NODE_CERT_SECONDS", default=0)
 # An Event warns when a live node certificate is this close to expiring and
 # nothing has renewed it.
+# A node's certificate may be renewed once it is this old (seconds), or half
+# its lifetime old if that comes first (nodes.certificates.renewal_wait).
+LLMGW_CERT_RENEW_INTERVAL = env.float("LLMGW_CERT_RENEW_INTERVAL", default=3600.0)
 LLMGW_CERT_WARN_DAYS = env.float("LLMGW_CERT_WARN_DAYS", default=7.0)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
