@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import os
+import re
 import shutil
 import ssl
 import time
@@ -233,8 +233,8 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
     engine_user = r.string(top, "engine_user", "engine_user", default="")
     if engine_user and not USER_NAME_RE.match(engine_user):
         r.error("engine_user", f"{engine_user!r} is not a user name")
-    elif engine_user_problem(engine_user, as_root=os.geteuid() == 0):
-        r.error("engine_user", engine_user_problem(engine_user, as_root=os.geteuid() == 0))
+    elif problem := engine_user_problem(engine_user, as_root=os.geteuid() == 0):
+        r.error("engine_user", problem)
     supervisor = dataclasses.replace(supervisor, engine_user=engine_user)
     fabrics = _read_fabrics(r, top.get("fabrics"), discovery.ib_root)
 
