@@ -9,8 +9,10 @@ wrong quietly.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
+import re
 import shutil
 import ssl
 import time
@@ -22,10 +24,12 @@ from urllib.parse import urlsplit
 import yaml
 
 from .durations import BadDuration, parse_duration
+from .engine_user import engine_user_problem
 from .identity import cert_window
-from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
+from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE, mgmt_addr_problem
 
 CONFIG_EXIT_STATUS = 2
+USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 
 
 class ConfigError(Exception):
@@ -67,6 +71,7 @@ class SupervisorConfig:
     log_lines: int = 512
     stop_timeout: float = 60.0
     health_interval: float = 2.0
+    engine_user: str = ""  # empty: engines run as the agent (agent.engine_user)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class AgentConfig:
 
 TOP_KEYS = (
     "node_id", "server", "tls", "mgmt_addr", "mgmt_interface", "heartbeat_interval",
-    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor",
+    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor", "engine_user",
 )
 TLS_KEYS = ("ca", "cert", "key")
 FABRIC_KEYS = ("name", "hcas")
@@ -211,6 +216,11 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
 
     tls = _read_tls(r, top.get("tls"))
     mgmt_addr = r.string(top, "mgmt_addr", "mgmt_addr")
+    # The control plane decides on loopback and host names (its settings);
+    # what is never an address is refused here, before any heartbeat.
+    problem = mgmt_addr_problem(mgmt_addr, hostnames=True) if mgmt_addr else ""
+    if problem:
+        r.error("mgmt_addr", f"{problem}: give this node's IP address, where engines are reached")
     mgmt_interface = r.string(top, "mgmt_interface", "mgmt_interface", default="eth0")
     heartbeat_interval = r.duration(top, "heartbeat_interval", "heartbeat_interval", 5.0)
     reconnect_base = r.duration(top, "reconnect_base", "reconnect_base", 1.0)
@@ -220,6 +230,12 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
 
     discovery = _read_discovery(r, top.get("discovery"))
     supervisor = _read_supervisor(r, top.get("supervisor"))
+    engine_user = r.string(top, "engine_user", "engine_user", default="")
+    if engine_user and not USER_NAME_RE.match(engine_user):
+        r.error("engine_user", f"{engine_user!r} is not a user name")
+    elif problem := engine_user_problem(engine_user, as_root=os.geteuid() == 0):
+        r.error("engine_user", problem)
+    supervisor = dataclasses.replace(supervisor, engine_user=engine_user)
     fabrics = _read_fabrics(r, top.get("fabrics"), discovery.ib_root)
 
     if r.errors:

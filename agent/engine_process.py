@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .engine_user import EngineUser
 from .proc import ProcessIdentity, is_running, process_identity, signal_group, tail_lines
 from .protocol import DesiredMember, EngineState, from_dict
 
@@ -48,6 +49,23 @@ def check_health(url: str, timeout: float) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+ENGINE_WORK = "work"
+
+
+def _as_user(user: EngineUser, directory: Path, env: dict[str, str]) -> tuple[Path, dict]:
+    """The working directory and Popen arguments of an engine run as ``user``.
+
+    The member's directory (its record and log) stays the agent's: an engine
+    that could write there could swap the record for a link the root agent
+    then writes through. The engine gets ``work/`` inside it, its own."""
+    work = directory / ENGINE_WORK
+    work.mkdir(exist_ok=True)
+    os.chown(work, user.uid, user.gid)
+    home = user.home if os.path.isdir(user.home) and os.stat(user.home).st_uid == user.uid else str(work)
+    env.update(HOME=home, USER=user.name, LOGNAME=user.name)
+    return work, {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
 
 
 class EngineProcess:
@@ -93,13 +111,16 @@ class EngineProcess:
     # --- starting and adopting -----------------------------------------------------
 
     @classmethod
-    def launch(cls, spec: DesiredMember, work_dir: Path) -> "EngineProcess":
+    def launch(cls, spec: DesiredMember, work_dir: Path, *, user: EngineUser | None = None) -> "EngineProcess":
         directory = work_dir / spec.member
         directory.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable if i == 0 and a == PYTHON_PLACEHOLDER else a for i, a in enumerate(spec.argv)]
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in spec.env.items()})
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        cwd, identity = directory, {}
+        if user is not None:
+            cwd, identity = _as_user(user, directory, env)
         with open(directory / LOG_FILE, "ab") as log:
             command = shlex.join(argv).replace("\n", "\\n")  # one line in the log, whatever the argv
             log.write(f"--- llmgw-agent {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {command}\n".encode())
@@ -108,8 +129,8 @@ class EngineProcess:
                 # Its own session, so the engine has its own process group (we
                 # stop it as a group) and outlives the agent (KillMode=process).
                 popen = subprocess.Popen(
-                    argv, cwd=directory, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                    argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **identity,
                 )
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126

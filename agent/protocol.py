@@ -29,6 +29,7 @@ agent or control plane. Removing or renaming one does: that is a new
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import types
@@ -51,6 +52,64 @@ FABRIC_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 HCA_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # A member id names a directory under the agent's work_dir.
 MEMBER_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+# A host name where a deployment allows them instead of an address (RFC 1123).
+HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def mgmt_addr_problem(addr: str, *, hostnames: bool = False, loopback: bool = True) -> str:
+    """Why ``addr`` cannot be a node's management address ('' when it can).
+
+    The gateway and the health checks reach engines there: it is an IP
+    address (or, where the deployment says so, a host name), never a string
+    that could carry a port, a path or a bracket into a URL. Addresses that
+    are nobody's node are refused always: unspecified, multicast, link-local
+    (which needs a zone to mean anything), IPv4-mapped IPv6 (write the IPv4
+    address); loopback only when ``loopback`` (a cluster on one machine)."""
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        if hostnames and HOSTNAME_RE.match(addr) and not addr.replace(".", "").isdigit():
+            return ""
+        what = "an IP address or a host name" if hostnames else "an IP address (host names are not allowed here)"
+        return f"{addr[:80]!r} is not {what}"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+        return f"{addr} carries a zone (%{ip.scope_id}); give an address routable without one"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return f"{addr} is an IPv4-mapped IPv6 address; give the IPv4 address {ip.ipv4_mapped} itself"
+    if ip.is_unspecified or ip.is_multicast:
+        return f"{addr} is not the address of one machine"
+    if ip.is_link_local:
+        return f"{addr} is a link-local address; give an address routable from the control plane"
+    if ip.is_loopback and not loopback:
+        return (f"{addr} is a loopback address: the gateway would send requests to itself. Loopback nodes are "
+                "accepted only on a one-machine cluster (LLMGW_ALLOW_LOOPBACK_NODES)")
+    return ""
+
+
+def url_host(addr: str) -> str:
+    """A management address as the host part of a URL, built from the parsed
+    address (IPv6 in brackets); ValueError for anything that is not one."""
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        if not HOSTNAME_RE.match(addr):
+            raise ValueError(f"{addr[:80]!r} is not an address or a host name") from None
+        return addr.lower()
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+        raise ValueError(f"{addr} carries a zone")
+    return f"[{ip.compressed}]" if ip.version == 6 else ip.compressed
+
+
+def http_url(addr: str, port: int, path: str = "") -> str:
+    """``http://host:port/path`` from its parts: a validated address, a port
+    number, and a path of our own (never a node's)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"{port!r} is not a TCP port")
+    if path and not path.startswith("/"):
+        raise ValueError(f"{path!r} is not an absolute path")
+    return f"http://{url_host(addr)}:{port}{path}"
+
 
 T = TypeVar("T")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .config import SupervisorConfig
 from .engine_process import EngineProcess, check_health, spec_digest
+from .engine_user import engine_user_resolve
 from .protocol import MEMBER_ID_RE, DesiredState, EngineState
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class Supervisor:
         self.config = config
         self.work_dir = Path(config.work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.engine_user = engine_user_resolve(config.engine_user)
         self._engines: dict[str, EngineProcess] = {}
         self._lock = threading.Lock()
         self._refused: set[str] = set()
@@ -100,7 +102,7 @@ class Supervisor:
                     engine.replacement = spec
             for name, spec in wanted.items():
                 if name not in self._engines:
-                    self._engines[name] = EngineProcess.launch(spec, self.work_dir)
+                    self._engines[name] = EngineProcess.launch(spec, self.work_dir, user=self.engine_user)
 
     def _drop(self, name: str) -> None:
         self._engines.pop(name).forget()
@@ -118,7 +120,7 @@ class Supervisor:
                     replacement = engine.replacement
                     self._drop(name)
                     if replacement is not None:
-                        self._engines[name] = EngineProcess.launch(replacement, self.work_dir)
+                        self._engines[name] = EngineProcess.launch(replacement, self.work_dir, user=self.engine_user)
                     continue
                 self._check_health(engine, now)
 

@@ -3,6 +3,7 @@ the cluster figures of /metrics."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count
 
+from agent.protocol import http_url
 from nodes.choices import NodeStatus
 from nodes.models import Gpu, Node
 from nodes.selectors import age_seconds, node_last_seen
@@ -18,6 +20,8 @@ from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
 
 from . import inflight
 from .models import ApiKey
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,14 @@ def routing_snapshot() -> RoutingSnapshot:
         port = (ports or {}).get("http")
         if not addr or not port:
             continue
-        host = f"[{addr}]" if ":" in addr else addr
-        routes.append(RouteRow(replica_id=replica_id, model=model, base_url=f"http://{host}:{port}"))
+        try:
+            # Built from parts: a stored address that is not one (a row from
+            # before heartbeats were checked) routes nowhere.
+            base_url = http_url(addr, int(port))
+        except (TypeError, ValueError) as exc:
+            logger.warning("replica=%s not routed: its leader's address is unusable: %s", replica_id, exc)
+            continue
+        routes.append(RouteRow(replica_id=replica_id, model=model, base_url=base_url))
         catalog.setdefault(model, int(created.timestamp()))
     keys = [
         KeyRow(id=pk, name=name, secret_hash=digest, allowed_models=frozenset(allowed) if allowed else None)

@@ -252,6 +252,9 @@ LLMGW_NODE_CERT_DAYS = env.int("LLMGW_NODE_CERT_DAYS", default=30)
 LLMGW_NODE_CERT_SECONDS = env.int("LLMGW_NODE_CERT_SECONDS", default=0)
 # An Event warns when a live node certificate is this close to expiring and
 # nothing has renewed it.
+# A node's certificate may be renewed once it is this old (seconds), or half
+# its lifetime old if that comes first (pki.signing.renewal_wait).
+LLMGW_CERT_RENEW_INTERVAL = env.float("LLMGW_CERT_RENEW_INTERVAL", default=3600.0)
 LLMGW_CERT_WARN_DAYS = env.float("LLMGW_CERT_WARN_DAYS", default=7.0)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMGW_MAX_HEARTBEAT_BYTES
@@ -367,6 +370,26 @@ LLMGW_PROVISION_STALL_GRACE = env.float("LLMGW_PROVISION_STALL_GRACE", default=3
 # Onboarding: the agent API's address as nodes reach it (written into their
 # agent.yaml), and how long to wait for a new node's first heartbeat.
 LLMGW_AGENT_SERVER = env.str("LLMGW_AGENT_SERVER", default="https://127.0.0.1:7443")
+def _loopback_server() -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(LLMGW_AGENT_SERVER).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# A node's mgmt_addr is where the gateway sends requests. A loopback address
+# there would point the gateway at itself; it is a node's address only on a
+# cluster of one machine, which is what an agent API reached on loopback
+# means (llmgw up, the demo, simulated clusters). Host names instead of
+# addresses only where a deployment says so (security.md).
+LLMGW_ALLOW_LOOPBACK_NODES = env.bool("LLMGW_ALLOW_LOOPBACK_NODES", default=_loopback_server())
+LLMGW_NODE_HOSTNAMES = env.bool("LLMGW_NODE_HOSTNAMES", default=False)
+# The user engines run as on onboarded nodes: created there, named in agent.yaml.
+LLMGW_ENGINE_USER = env.str("LLMGW_ENGINE_USER", default="llmgw-engine")
 LLMGW_ONBOARD_HEARTBEAT_DEADLINE = env.float("LLMGW_ONBOARD_HEARTBEAT_DEADLINE", default=120.0)
 LLMGW_ONBOARD_CLOCK_SKEW = env.float("LLMGW_ONBOARD_CLOCK_SKEW", default=60.0)
 LLMGW_PROVISION_SWEEP_INTERVAL = env.float("LLMGW_PROVISION_SWEEP_INTERVAL", default=15.0)

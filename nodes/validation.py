@@ -17,6 +17,7 @@ import types
 import typing
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
 from agent.protocol import (
@@ -28,6 +29,7 @@ from agent.protocol import (
     GpuInfo,
     HcaInfo,
     Heartbeat,
+    mgmt_addr_problem,
 )
 
 
@@ -77,6 +79,16 @@ def inventory_problems(data: dict[str, Any]) -> list[str]:
         dupes = sorted({u for u in uuids if uuids.count(u) > 1})
         errors.append(f"GPU uuid reported more than once: {dupes}")
     return errors
+
+
+def mgmt_addr_check(addr: str) -> str:
+    """Why a node may not have this management address ('' when it may), as
+    this deployment's settings say (agent.protocol.mgmt_addr_problem). Blank
+    is allowed: a node without one serves nothing."""
+    if addr == "":
+        return ""
+    return mgmt_addr_problem(addr, hostnames=settings.LLMGW_NODE_HOSTNAMES,
+                             loopback=settings.LLMGW_ALLOW_LOOPBACK_NODES)
 
 
 def heartbeat_clean(payload: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +193,15 @@ def _validate(self, data):
     return data
 
 
-HeartbeatSerializer = type("HeartbeatSerializer", (_serializer(Heartbeat),), {"validate": _validate})
+def _validate_mgmt_addr(self, value: str) -> str:
+    problem = mgmt_addr_check(value)
+    if problem:
+        raise serializers.ValidationError(problem)
+    return value
+
+
+HeartbeatSerializer = type("HeartbeatSerializer", (_serializer(Heartbeat),),
+                           {"validate": _validate, "validate_mgmt_addr": _validate_mgmt_addr})
 
 # A bound for a field the protocol no longer has would be dropped in silence.
 _unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat)

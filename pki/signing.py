@@ -95,6 +95,25 @@ def cert_sign_node(
     return Signed(row, cert.public_bytes(serialization.Encoding.PEM), ca_pem, new=True)
 
 
+class RenewalTooSoon(PkiError):
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def renewal_wait(*, issued_at: dt.datetime, not_after: dt.datetime, now: dt.datetime, interval: float) -> float:
+    """Seconds until a certificate issued then may be renewed (0: now).
+
+    Agents renew at two thirds of the lifetime; a certificate renewed again
+    and again within moments is a stolen key making certificates, or a
+    broken agent. So a certificate may be renewed once it is ``interval``
+    seconds old, or once it has lived half its lifetime, whichever comes
+    first: a short-lived or expiring certificate is never held back."""
+    lifetime = (not_after - issued_at).total_seconds()
+    allowed_at = issued_at + dt.timedelta(seconds=max(0.0, min(interval, lifetime / 2)))
+    return max(0.0, (allowed_at - now).total_seconds())
+
+
 def cert_renew(*, node_id: str, csr_pem: bytes | str, current_serial: str) -> Signed:
     """The next certificate of a node that proved itself with its current
     one (the caller checked the CN and that it is not revoked). The request
@@ -106,6 +125,11 @@ def cert_renew(*, node_id: str, csr_pem: bytes | str, current_serial: str) -> Si
         current = Certificate.objects.select_for_update().filter(serial=current_serial).first()
         if current is None or current.common_name != node_id or current.revoked_at is not None:
             raise PkiError(f"certificate {current_serial} is not a live certificate of {node_id}")
+        wait = renewal_wait(issued_at=current.issued_at, not_after=current.not_after, now=timezone.now(),
+                            interval=settings.LLMGW_CERT_RENEW_INTERVAL)
+        if wait > 0:
+            raise RenewalTooSoon(f"certificate {current_serial} was issued {timezone.now() - current.issued_at} ago; "
+                                 f"it may be renewed in {wait:.0f}s", retry_after=max(1, int(wait + 0.999)))
         if _same_key(current, csr.public_key()):
             raise PkiError("the request reuses the current key: make a fresh one for each certificate")
         signed = cert_sign_node(node_id=node_id, csr_pem=csr_pem, lifetime=node_cert_lifetime())

@@ -27,7 +27,8 @@ class CatalogEntryAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         try:
-            catalog_upsert(entry={f: getattr(obj, f) for f in ENTRY_FIELDS})
+            catalog_upsert(entry={f: getattr(obj, f) for f in ENTRY_FIELDS},
+                           admin=request.user.has_perm("replicas.trust_engine_code"))
         except CatalogInvalid as exc:
             messages.error(request, f"not saved: {exc}")
 

@@ -17,7 +17,7 @@ from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
 from .models import CatalogEntry
 from .scheduling import model_never_fits
-from .validation import MAX_REPLICAS, CatalogEntryInvalid, catalog_entry_clean
+from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, catalog_entry_clean
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,12 @@ def _from_yaml(entry: Any, index: int) -> dict[str, Any]:
     return data
 
 
-def catalog_validate(entries: list[Any]) -> list[dict[str, Any]]:
+def catalog_validate(entries: list[Any], *, admin: bool = True,
+                     held: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Clean entries, or CatalogInvalid listing every problem. Without
+    ``admin``, an entry may carry an admin-only flag (--trust-remote-code)
+    only as ``held`` already has it: unchanged in engine, weights, args and
+    env, as an admin wrote it (an operator re-applying the catalog)."""
     errors: list[str] = []
     clean: list[dict[str, Any]] = []
     names: set[str] = set()
@@ -58,6 +63,8 @@ def catalog_validate(entries: list[Any]) -> list[dict[str, Any]]:
                 for message in messages if isinstance(messages, list) else [messages]:
                     errors.append(f"{label}: {field}: {message}")
             continue
+        if not admin and not _held_unchanged(value, (held or {}).get(value["name"])):
+            errors.extend(f"{label}: args: {message}" for message in admin_only_problems(value))
         if value["name"] in names:
             errors.append(f"{label}: name: {value['name']} appears twice in the catalog")
         names.add(value["name"])
@@ -67,13 +74,29 @@ def catalog_validate(entries: list[Any]) -> list[dict[str, Any]]:
     return clean
 
 
-def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "") -> dict[str, list[str]]:
+TRUSTED_FIELDS = ("engine", "weights", "args", "env")
+
+
+def _held_unchanged(value: dict[str, Any], held: dict[str, Any] | None) -> bool:
+    return held is not None and all(value.get(f) == held.get(f) for f in TRUSTED_FIELDS)
+
+
+def catalog_held(models) -> dict[str, dict[str, Any]]:
+    return {m.name: {f: getattr(m, f) for f in TRUSTED_FIELDS} for m in models}
+
+
+def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
+                  admin: bool = True) -> dict[str, list[str]]:
     """Create and update the given models; with ``prune``, remove the others.
-    All or nothing: one bad entry and nothing changes."""
-    clean = catalog_validate(entries)
+    All or nothing: one bad entry and nothing changes. ``admin``: whether
+    the caller may set admin-only flags (replicas.engines.policy)."""
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "removed": []}
+    if admin:
+        clean = catalog_validate(entries)
     with transaction.atomic():
         existing = {m.name: m for m in CatalogEntry.objects.select_for_update(no_key=True)}
+        if not admin:
+            clean = catalog_validate(entries, admin=False, held=catalog_held(existing.values()))
         for data in clean:
             model = existing.get(data["name"])
             if model is None:
@@ -139,10 +162,11 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
     return model
 
 
-def catalog_upsert(*, entry: dict[str, Any]) -> None:
+def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
     """One entry, created or updated (the REST API and the admin)."""
-    (data,) = catalog_validate([entry])
     with transaction.atomic():
+        held = catalog_held(CatalogEntry.objects.select_for_update(no_key=True).filter(name=str(entry.get("name", ""))))
+        (data,) = catalog_validate([entry], admin=admin, held=held)
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:

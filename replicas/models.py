@@ -35,6 +35,9 @@ class CatalogEntry(models.Model):
         ordering = ["name"]
         verbose_name = "catalog entry"
         verbose_name_plural = "catalog entries"
+        # Admins only (accounts.roles): entries whose engines run code that
+        # ships with the weights (replicas.engines.policy.ADMIN_FLAGS).
+        permissions = [("trust_engine_code", "Can let engines run code shipped with model weights")]
         constraints = [
             models.CheckConstraint(condition=models.Q(engine__in=Engine.values), name="%(app_label)s_%(class)s_engine_valid"),
             models.CheckConstraint(condition=models.Q(nodes__gte=1), name="%(app_label)s_%(class)s_nodes_positive"),

@@ -14,7 +14,8 @@ from typing import Any
 from rest_framework import serializers
 
 from .choices import Engine
-from .engines import EngineArgsError, check_entry, check_env
+from .engines import EngineArgsError, adapter_for, check_entry, check_env
+from .engines.policy import refusal_message
 from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
@@ -39,6 +40,14 @@ def engine_problems(entry: dict[str, Any]) -> dict[str, list[str]]:
     except EngineArgsError as exc:
         return {"args": [str(exc)]}
     return {}
+
+
+def admin_only_problems(entry: dict[str, Any]) -> list[str]:
+    """What in a (valid) entry only an admin may set, as messages naming it."""
+    try:
+        return [refusal_message(r) for r in adapter_for(entry["engine"]).admin_flags(list(entry.get("args", [])))]
+    except EngineArgsError:
+        return []  # already refused by engine_problems
 
 
 # The most replicas a model may want (what every entry point accepts).

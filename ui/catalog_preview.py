@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from replicas.catalog import FIELDS, CatalogInvalid, catalog_validate
+from replicas.catalog import FIELDS, CatalogInvalid, catalog_held, catalog_validate
 from replicas.models import CatalogEntry
 
 # catalog_validate's messages: "models[2] (name): field: what is wrong".
@@ -37,10 +37,28 @@ class Preview:
         return bool(self.created or self.scaled or self.updated or self.pruned)
 
 
+class _CatalogLoader(yaml.SafeLoader):
+    """YAML without aliases: a catalog has no use for them, and a few KB of
+    nested aliases expand to gigabytes once built (a "billion laughs").
+    Refused at the first alias, before any object is constructed."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"alias *{event.anchor} refused: a catalog may not use YAML aliases (*name) or merge "
+                "keys (<<); write each value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def catalog_yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_CatalogLoader)  # noqa: S506 - a SafeLoader without aliases
+
+
 def catalog_parse(text: str) -> tuple[list[Any] | None, list[FieldError]]:
     """The 'models' list of a catalog.yaml, or the reason it is not one."""
     try:
-        document = yaml.safe_load(text) or {}
+        document = catalog_yaml_load(text) or {}
     except yaml.YAMLError as exc:
         return None, [FieldError("file", "yaml", str(exc))]
     if not isinstance(document, dict) or not isinstance(document.get("models", []), list):
@@ -59,17 +77,17 @@ def field_errors(exc: CatalogInvalid) -> list[FieldError]:
     return result
 
 
-def catalog_preview(*, text: str, prune: bool) -> Preview:
+def catalog_preview(*, text: str, prune: bool, admin: bool = False) -> Preview:
     entries, errors = catalog_parse(text)
     if entries is None:
         return Preview(errors=errors)
     preview = Preview(entries=entries)
+    existing = {m.name: m for m in CatalogEntry.objects.all()}
     try:
-        clean = catalog_validate(entries)
+        clean = catalog_validate(entries, admin=admin, held=catalog_held(existing.values()))
     except CatalogInvalid as exc:
         preview.errors = field_errors(exc)
         return preview
-    existing = {m.name: m for m in CatalogEntry.objects.all()}
     for data in clean:
         model = existing.get(data["name"])
         if model is None:

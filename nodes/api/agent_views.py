@@ -21,7 +21,9 @@ from pki.authn import peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
 from pki.services import PkiError
-from nodes.certificates import cert_renew_node
+from pki.signing import RenewalTooSoon
+
+from ..certificates import cert_renew_node
 
 from .. import selectors
 from ..exceptions import InventoryRejected
@@ -176,6 +178,11 @@ def certificate(request, node_id: str):
                       details={"csr": ["a PEM certificate request, as a string"]})
     try:
         signed = cert_renew_node(node_id=node_id, csr_pem=csr, current_serial=peer_identity(request.META).serial)
+    except RenewalTooSoon as exc:
+        logger.warning("agent-api certificate renewal too soon node=%s: %s", node_id, exc)
+        response = _error(429, f"{exc}; nothing was signed")
+        response["Retry-After"] = str(exc.retry_after)
+        return response
     except PkiError as exc:
         logger.warning("agent-api certificate renewal refused node=%s: %s", node_id, exc)
         return _error(400, f"{exc}; nothing was signed")

@@ -131,7 +131,20 @@ def agent_config(job) -> dict:
         "discovery": {"nvidia_smi": params["nvidia_smi"], "ib_root": params["ib_root"],
                       "skip_gpus": params["skip_gpus"]},
         "supervisor": {"work_dir": str(p.work_dir)},
+        "engine_user": params.get("engine_user") or settings.LLMGW_ENGINE_USER,
     }
+
+
+def engine_user_command(user: str) -> str:
+    """Create the engines' user where it is missing (a system user, no login,
+    no home), in those of the groups that usually own GPU and RDMA devices
+    that the node has. A user that exists is left as its admin made it; the
+    agent adds whatever groups own the device files when it starts an engine."""
+    u = q(user)
+    return (f"if ! getent passwd {u} >/dev/null; then g=$(for g in video render rdma; do "
+            "getent group $g >/dev/null && printf %s, $g; done); "
+            'useradd --system --user-group ${g:+--groups "${g%,}"} --no-create-home --home-dir /nonexistent '
+            f"--shell /usr/sbin/nologin {u} || exit 91; fi")
 
 
 def configure(ctx: StepContext):
@@ -139,8 +152,11 @@ def configure(ctx: StepContext):
     text = (f"# Written by llmgw onboarding job {ctx.job.pk}; 'llmgw ctl onboard {ctx.job.node_name} --reinstall' "
             "writes it again.\n" + yaml.safe_dump(agent_config(ctx.job), sort_keys=False))
 
+    user = agent_config(ctx.job)["engine_user"]
+
     async def body(s: nodessh.Session):
         return await s.run(
+            f"{engine_user_command(user)}; "
             f"{nodessh.write_command(str(p.config), text)} || {{ echo 'writing agent.yaml failed' >&2; exit 90; }}; "
             f"mkdir -p {q(str(p.work_dir))} || exit 90; "
             f"{q(str(p.agent))} check-config --config {q(str(p.config))}")
@@ -149,15 +165,27 @@ def configure(ctx: StepContext):
         return got
     if got.rc == 90:
         raise StepFailed(f"writing agent.yaml and its work directory failed: {got.text()}")
+    if got.rc == 91:
+        raise StepFailed(f"creating the engines' user {user} failed: {got.text()}")
     if got.rc != 0:
         raise StepFailed(f"the agent refuses its configuration: {got.text()}")
-    return Done(f"{p.config} written and checked by the agent")
+    return Done(f"{p.config} written and checked by the agent; engines run as {user}")
+
+
+def systemd_quote(word: str) -> str:
+    """One word of a unit's command line: double-quoted, with systemd's
+    specifiers (%) and variables ($) escaped, so a path is only a path."""
+    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
 
 
 def unit_text(job) -> str:
     p = paths(job)
+    user = agent_config(job)["engine_user"]
     text = UNIT_TEMPLATE.read_text()
-    text = re.sub(r"^ExecStart=.*$", f"ExecStart={p.agent} run --config {p.config}", text, flags=re.M)
+    command = " ".join(systemd_quote(w) for w in (str(p.agent), "run", "--config", str(p.config)))
+    text = re.sub(r"^ExecStart=.*$", lambda _: f"ExecStart={command}", text, flags=re.M)
+    text = text.replace("llmgw-engine", user)  # the ExecStartPre that creates it (a checked user name)
     return text
 
 

@@ -16,6 +16,7 @@ from agent.protocol import FABRIC_NAME_RE, HCA_NAME_RE
 from core.events import event_record
 from nodes.choices import NodeStatus
 from nodes.models import Node
+from nodes.validation import mgmt_addr_check
 from pki.names import InvalidNodeId, validate_node_id
 
 from .. import queue, stepkit
@@ -60,10 +61,16 @@ def hcas_in_two_fabrics(fabrics: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+# Paths that go into the unit's command line and shell commands: nothing a
+# shell or systemd would read as more than a path (no space, quote, $, %, ;).
+NODE_PATH_RE = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
+
+
 def _absolute(errors: dict, field: str, value: str, default: str) -> str:
     value = str(value or default)
-    if not PurePosixPath(value).is_absolute() or "\n" in value:
-        errors[field] = f"{value!r}: an absolute path on the node"
+    if not PurePosixPath(value).is_absolute() or not NODE_PATH_RE.match(value) or "/../" in f"{value}/":
+        errors[field] = (f"{value[:200]!r}: an absolute path on the node, of letters, digits and . _ + @ - / "
+                         "(no spaces, quotes, $, % or ..)")
     return value
 
 
@@ -98,7 +105,12 @@ def onboard_request_check(data: dict[str, Any]) -> dict[str, Any]:
     if not INTERFACE_RE.match(interface):
         errors["mgmt_interface"] = f"{interface!r} is not a network interface name"
     clean["mgmt_interface"] = interface
-    clean["mgmt_addr"] = str(data.get("mgmt_addr") or addr)
+    mgmt_addr = str(data.get("mgmt_addr") or addr)
+    problem = mgmt_addr_check(mgmt_addr) if "addr" not in errors or data.get("mgmt_addr") else ""
+    if problem:
+        given = "" if data.get("mgmt_addr") else " (it defaults to addr)"
+        errors["mgmt_addr"] = f"{problem}{given}: the node's address where the gateway reaches its engines"
+    clean["mgmt_addr"] = mgmt_addr
     nvidia_smi = str(data.get("nvidia_smi") or "")
     if nvidia_smi:
         _absolute(errors, "nvidia_smi", nvidia_smi, "")
@@ -111,6 +123,11 @@ def onboard_request_check(data: dict[str, Any]) -> dict[str, Any]:
         errors["host_key_fingerprint"] = (f"{fingerprint!r}: give it as ssh-keygen -lf prints it, SHA256:... "
                                           "(43 base64 characters)")
     clean["host_key_fingerprint"] = fingerprint
+    engine_user = str(settings.LLMGW_ENGINE_USER)
+    if not USER_RE.match(engine_user) or engine_user == "root":
+        errors["engine_user"] = (f"LLMGW_ENGINE_USER={engine_user!r} is not an unprivileged user name; "
+                                 "engines must not run as root")
+    clean["engine_user"] = engine_user
     server = str(data.get("agent_server") or settings.LLMGW_AGENT_SERVER)
     if not server.startswith("https://"):
         errors["agent_server"] = (f"{server!r}: the agent API's https:// address as the node reaches it "

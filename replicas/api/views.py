@@ -44,7 +44,7 @@ class ModelViewSet(viewsets.ModelViewSet):
 
     def _upsert(self, data):
         try:
-            catalog.catalog_upsert(entry=data)
+            catalog.catalog_upsert(entry=data, admin=self.request.user.has_perm("replicas.trust_engine_code"))
         except catalog.CatalogInvalid as exc:
             return _catalog_error(exc)
         model = self.get_queryset().get(name=data["name"])
@@ -89,7 +89,8 @@ class CatalogApplyView(APIView):
             raise PermissionDenied("pruning needs the permission replicas.delete_catalogentry")
         try:
             result = catalog.catalog_apply(entries=serializer.validated_data["models"],
-                                           prune=serializer.validated_data["prune"], actor=actor(request))
+                                           prune=serializer.validated_data["prune"], actor=actor(request),
+                                           admin=request.user.has_perm("replicas.trust_engine_code"))
         except catalog.CatalogInvalid as exc:
             return _catalog_error(exc)
         return Response(result)

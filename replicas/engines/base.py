@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from . import flags
+from agent.protocol import url_host
+
+from . import flags, policy
 from .errors import EngineArgsError, LaunchError
 
 __all__ = ["EngineAdapter", "EngineArgsError", "LaunchError", "LaunchInput", "LaunchSpec", "MANAGED_ENV"]
@@ -152,7 +154,20 @@ class EngineAdapter:
                 reason = self.managed_reason(name)
                 if reason is not None:
                     raise EngineArgsError(f"{item.raw}: {self.name} flag {name} is set by llmgw ({reason}); remove it")
+                refusal = policy.flag_refusal(self.name, name)
+                if refusal is not None and not refusal.admin_may:
+                    raise EngineArgsError(f"{item.raw}: {policy.refusal_message(refusal)}")
         return parsed
+
+    def admin_flags(self, args: list[str]) -> list[policy.Refusal]:
+        """The flags of ``args`` that only an admin may set (the rest already checked)."""
+        found = []
+        for item in self.read_args(args):
+            for name in sorted(item.names):
+                refusal = policy.flag_refusal(self.name, name)
+                if refusal is not None and refusal.admin_may:
+                    found.append(refusal)
+        return found
 
     def managed_reason(self, flag: str) -> str | None:
         if flag in self.overridable:
@@ -174,6 +189,9 @@ class EngineAdapter:
         return {}
 
     def check_env(self, env: dict[str, str]) -> None:
+        refused = [r for r in (policy.env_refusal(k) for k in env if isinstance(k, str)) if r is not None]
+        if refused:
+            raise EngineArgsError("env: " + "; ".join(policy.refusal_message(r) for r in refused))
         for key, value in env.items():
             if not isinstance(key, str) or not key or "=" in key or "\0" in key:
                 raise EngineArgsError(f"env: {key!r} is not a valid variable name")
@@ -223,7 +241,12 @@ class EngineAdapter:
             # launches, with the allocation's values (or none: an island
             # gets no NCCL_IB_HCA at all).
             logger.warning("engine=%s model=%s rank=%s ignoring catalog env %s", self.name, inp.model, inp.rank, ",".join(sorted(managed)))
-        env = {k: v for k, v in inp.env.items() if k not in managed}
+        refused = {k for k in inp.env if k not in managed and policy.env_refusal(k) is not None}
+        if refused:
+            # A row saved before the policy: its code-loading variables never reach a node.
+            logger.warning("engine=%s model=%s rank=%s dropping refused catalog env %s", self.name, inp.model,
+                           inp.rank, ",".join(sorted(refused)))
+        env = {k: v for k, v in inp.env.items() if k not in managed and k not in refused}
         env.update(node_environment(inp))
         env.update(self.engine_environment(inp))
         return env
@@ -296,4 +319,8 @@ def _required(value: int | None, what: str, inp: LaunchInput) -> int:
 
 
 def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+    """The host part of a URL, from the parsed address (agent.protocol)."""
+    try:
+        return url_host(host)
+    except ValueError:
+        raise LaunchError(f"node address {host[:80]!r} is not an address; the node must report an IP address") from None

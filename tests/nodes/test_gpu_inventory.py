@@ -87,7 +87,7 @@ def test_a_claim_on_a_gpu_another_node_reports_registers_the_claimant_without_it
     status, reply = send_heartbeat(node02, "node02", beat("node02", uuids=[SHARED, *own("node02")], mgmt_addr="127.0.1.2"))
     assert status == 200, reply
     assert reply["status"] == NodeStatus.READY
-    status, reply = send_heartbeat(node01, "node01", beat("node01", uuids=[SHARED, *own("node01")], mgmt_addr="x"))
+    status, reply = send_heartbeat(node01, "node01", beat("node01", uuids=[SHARED, *own("node01")], mgmt_addr="127.0.1.9"))
     assert status == 200, reply
     assert Gpu.objects.get(uuid=SHARED).node.name == "node01"
     assert_conflict_shown("node02", "node01")
@@ -156,7 +156,8 @@ def test_a_gpu_replaced_at_the_same_index_takes_its_place_and_the_old_one_shows_
 def test_whichever_node_reported_a_gpu_first_keeps_it_and_both_keep_heartbeating(first, second):
     peers = {name: peer_for(name) for name in (first, second)}
     for name in (first, second, first, second):
-        status, reply = send_heartbeat(peers[name], name, beat(name, uuids=[SHARED, *own(name)], mgmt_addr=name))
+        status, reply = send_heartbeat(peers[name], name, beat(name, uuids=[SHARED, *own(name)],
+                                                                mgmt_addr=f"127.0.1.{name[-1]}"))
         assert status == 200, (name, reply)
     assert Gpu.objects.get(uuid=SHARED).node.name == first
     assert_conflict_shown(second, first)

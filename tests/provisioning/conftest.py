@@ -17,6 +17,15 @@ from .pve import IMAGE, TOKEN_ID, TOKEN_SECRET, Loop, pve_make, ssh_server
 VM_HOST = "127.0.77.1"
 
 
+@pytest.fixture(autouse=True)
+def engine_user_that_exists(settings, monkeypatch):
+    """Onboarding creates the engines' user on the node, and the test nodes
+    are this host: name one that exists (nobody), so that no test adds a
+    user to the machine it runs on. Workers started here inherit it."""
+    settings.LLMGW_ENGINE_USER = "nobody"
+    monkeypatch.setenv("LLMGW_ENGINE_USER", "nobody")
+
+
 @pytest.fixture(scope="session")
 def servers_loop():
     loop = Loop()

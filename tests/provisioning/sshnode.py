@@ -29,7 +29,9 @@ units="$LLMGW_TEST_ROOT/etc/systemd/system"; run="$LLMGW_TEST_ROOT/run/fake-syst
 alive() { [ -f "$run/$1.pid" ] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
 start() {
   alive "$1" && return 0
-  exec_start=$(sed -n 's/^ExecStart=//p' "$units/$1.service")
+  # ExecStart's words are double-quoted, as systemd reads them; onboarding's
+  # paths hold no space, quote, $ or %, so dropping the quotes splits them right.
+  exec_start=$(sed -n 's/^ExecStart=//p' "$units/$1.service" | tr -d '"')
   [ -n "$exec_start" ] || { echo "Unit $1.service not found." >&2; return 5; }
   setsid nohup $exec_start >>"$run/$1.log" 2>&1 </dev/null & echo $! >"$run/$1.pid"
 }

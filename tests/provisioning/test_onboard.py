@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from django.conf import settings
 from rest_framework.test import APIClient
 
@@ -105,6 +106,11 @@ def test_onboard_from_rest_ends_on_first_heartbeat_and_the_key_stays_on_the_node
     assert heartbeat.data["inventory"]["fabrics"] == ["ib-a"]
     assert "4 GPU(s) NVIDIA H200" in heartbeat.log[-1]["line"]
     assert node.agent_pid() is not None, "the agent runs on the node"
+    # Engines run as the engines' user (nobody here: see conftest), and the
+    # unit's command line is quoted words.
+    assert yaml.safe_load((node.root / "etc/llmgw/agent.yaml").read_text())["engine_user"] == "nobody"
+    unit = (node.root / "etc/systemd/system/llmgw-agent.service").read_text()
+    assert f'ExecStart="{node.root}/opt/llmgw-agent/venv/bin/llmgw-agent" "run" "--config"' in unit
 
     key_path = node.root / "etc/llmgw/onb-rest-key.pem"
     assert key_path.stat().st_mode & 0o777 == 0o600 and key_path.stat().st_uid == 0

@@ -8,6 +8,15 @@ import pytest
 PASSWORD = "ui-password-for-tests"
 
 
+@pytest.fixture(autouse=True)
+def engine_user_that_exists(settings, monkeypatch):
+    """Onboarding creates the engines' user on the node, and the test nodes
+    are this host: name one that exists (nobody), so that no test adds a
+    user to the machine it runs on. Workers started here inherit it."""
+    settings.LLMGW_ENGINE_USER = "nobody"
+    monkeypatch.setenv("LLMGW_ENGINE_USER", "nobody")
+
+
 @pytest.fixture
 def superuser(db):
     from django.contrib.auth import get_user_model

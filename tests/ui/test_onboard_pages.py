@@ -8,8 +8,11 @@ in test_certificates.py). No Celery worker: a job is queued and stays queued."""
 from __future__ import annotations
 
 import argparse
+import re
 import socket
+import struct
 import subprocess
+import threading
 import time
 from html.parser import HTMLParser
 
@@ -177,7 +180,47 @@ def test_a_machine_that_never_answers_is_given_up_on_within_the_bound(admin_clie
             "node": "onb-mute", "addr": "127.0.1.222", "ssh_port": str(port), "step": "read-key"})
         waited = time.monotonic() - started
     assert response.status_code == 400 and waited < 5
-    assert f"127.0.1.222:{port}: no SSH answer within 0.5 s" in response.content.decode()
+    assert f"127.0.1.222:{port}: no SSH server answered there" in response.content.decode()
+    assert not Job.objects.exists()
+
+
+def _reset_server(sock: socket.socket) -> None:
+    conn, _ = sock.accept()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    conn.close()
+
+
+def _http_server(sock: socket.socket) -> None:
+    conn, _ = sock.accept()
+    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    conn.close()
+
+
+def test_reading_a_host_key_is_no_port_scanner(admin_client_ui, monkeypatch):
+    """A closed port, a reset, a silent listener and a service that is not
+    SSH get the same answer, after the same time (issue 19, item 7)."""
+    from ui.views import onboarding
+
+    monkeypatch.setattr(onboarding, "HOST_KEY_TIMEOUT", 0.5)
+    answers = {}
+    for kind, serve in (("closed", None), ("reset", _reset_server), ("silent", lambda s: None),
+                        ("http", _http_server)):
+        with socket.socket() as sock:
+            sock.bind(("127.0.1.222", 0))
+            port = sock.getsockname()[1]
+            if serve is None:
+                sock.close()  # nothing listens there
+            else:
+                sock.listen(1)
+                threading.Thread(target=serve, args=(sock,), daemon=True).start()
+            started = time.monotonic()
+            response = admin_client_ui.post("/provisioning/onboard/", {
+                "node": "onb-scan", "addr": "127.0.1.222", "ssh_port": str(port), "step": "read-key"})
+            waited = time.monotonic() - started
+        assert response.status_code == 400 and 0.5 <= waited < 5, (kind, waited)
+        body = response.content.decode()
+        answers[kind] = re.search(r"<strong>addr</strong>: [^<]*", body)[0].replace(str(port), "PORT")
+    assert len(set(answers.values())) == 1, answers
     assert not Job.objects.exists()
 
 

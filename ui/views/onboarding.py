@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import asyncssh
 from django.conf import settings
@@ -62,11 +63,16 @@ def _read_host_key(request, form: dict):
         errors.setdefault("addr", "required: the machine's address over SSH")
         return _page(request, form, errors)
     addr, port = request_["addr"], request_.get("ssh_port", 22)
+    started = time.monotonic()
     try:
         key = sshkeys.host_key_fetch(addr, port, HOST_KEY_TIMEOUT)
     except (OSError, asyncssh.Error, asyncio.TimeoutError, ValueError) as exc:
+        # One answer, at one time, for every failure: a closed port, a reset,
+        # a silent host and a service that is not SSH look alike, so this
+        # form is no port scanner. The cause is in the log.
         logger.info("host key not read addr=%s port=%s why=%s", addr, port, _unreachable(exc))
-        errors["addr"] = (f"could not read the host key of {addr}:{port}: {_unreachable(exc)}. "
+        time.sleep(max(0.0, started + HOST_KEY_TIMEOUT - time.monotonic()))
+        errors["addr"] = (f"could not read the host key of {addr}:{port}: no SSH server answered there. "
                           "Check the address, the port and that sshd runs there; nothing was created.")
         return _page(request, form, errors)
     fingerprint = sshkeys.fingerprint(key)

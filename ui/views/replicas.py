@@ -107,7 +107,8 @@ def catalog_page(request):
         if problem:
             messages.error(request, problem)
         else:
-            context["preview"] = catalog_preview(text=text, prune=context["prune"])
+            context["preview"] = catalog_preview(text=text, prune=context["prune"],
+                                                 admin=request.user.has_perm("replicas.trust_engine_code"))
     status = 400 if context["preview"] is not None and context["preview"].errors else 200
     return render(request, "ui/catalog.html", context, status=status)
 
@@ -124,9 +125,10 @@ def catalog_apply(request):
         messages.error(request, "; ".join(e.message for e in errors))
         return redirect("ui-catalog")
     try:
-        result = catalog.catalog_apply(entries=entries, prune=prune, actor=actor(request))
+        result = catalog.catalog_apply(entries=entries, prune=prune, actor=actor(request),
+                                       admin=request.user.has_perm("replicas.trust_engine_code"))
     except catalog.CatalogInvalid as exc:
-        preview = catalog_preview(text=text, prune=prune)
+        preview = catalog_preview(text=text, prune=prune, admin=request.user.has_perm("replicas.trust_engine_code"))
         preview.errors = field_errors(exc)
         return render(request, "ui/catalog.html", {"text": text, "prune": prune, "preview": preview,
                                                    "can_apply": True}, status=400)
