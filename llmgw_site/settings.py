@@ -267,6 +267,16 @@ LLMGW_AGENT_LOG_LEVEL = env.str("LLMGW_AGENT_LOG_LEVEL", default="info")
 # Any value turns gunicorn's access log on.
 LLMGW_AGENT_ACCESS_LOG = bool(env.str("LLMGW_AGENT_ACCESS_LOG", default=""))
 
+# --- web port (web/protocol.py) ---------------------------------------------------
+
+# The request head (request line and headers), bounded before any
+# authentication: larger heads, or more headers, are answered 431; a head not
+# whole this many seconds after its first byte (or after the connection
+# opened) is answered 408 and the connection closed.
+LLMGW_WEB_MAX_HEAD_BYTES = env.int("LLMGW_WEB_MAX_HEAD_BYTES", default=32 * 1024)
+LLMGW_WEB_MAX_HEADERS = env.int("LLMGW_WEB_MAX_HEADERS", default=100)
+LLMGW_WEB_HEAD_TIMEOUT = env.float("LLMGW_WEB_HEAD_TIMEOUT", default=10.0)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "accounts.authentication.TokenAuthentication",
