@@ -28,7 +28,7 @@ def _row(**overrides):
     fields = dict(name="pve", url="https://127.0.0.1:8006", token_id="llmgw@pve!prov", token_secret=TOKEN_SECRET,
                   image="local:import/noble.qcow2")
     fields.update(overrides)
-    return services.hypervisor_create(**fields)
+    return services.hypervisor_create(actor="tests", **fields)
 
 
 def test_secret_is_encrypted_with_a_0600_key_file(private_dirs, monkeypatch):
