@@ -1,4 +1,7 @@
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.models import Group, User
 
 from .models import OperatorToken
 
@@ -17,4 +20,40 @@ class OperatorTokenAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+# Roles and superuser grants change only through accounts.services (which
+# records who did it): 'llmgw ctl users set-role', the REST API. Here they
+# are shown, never edited; an admin-role user once made itself superuser on
+# this page. Users are added with 'llmgw ctl users add' (the API), which
+# gives them a role.
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    readonly_fields = ("is_staff", "is_superuser", "groups", "user_permissions", "last_login", "date_joined")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # A superuser may be removed only by a superuser.
+        return super().has_delete_permission(request, obj) and (
+            obj is None or not obj.is_superuser or request.user.is_superuser)
+
+
+@admin.register(Group)
+class RoleGroupAdmin(GroupAdmin):
+    """The role groups are data (accounts/roles.py), set again at every migrate."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -13,11 +13,13 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from nodes.choices import EventKind, EventSeverity
+from nodes.events import event_record
 from nodes.exceptions import NotFound
 
 from .models import OperatorToken
 from .roles import ADMIN, ROLES, roles_sync
-from .selectors import token_hash
+from .selectors import token_hash, user_role
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,13 @@ def _apply_role(user, role: str) -> None:
         user.save(update_fields=["is_staff"])
 
 
-def user_create(*, username: str, role: str, password: str | None = None) -> tuple[object, str | None]:
+def _record(*, username: str, actor: str, message: str, **data) -> None:
+    event_record(kind=EventKind.ACCOUNT, subject=f"user/{username}", severity=EventSeverity.WARNING
+                 if data.get("warning") else EventSeverity.INFO, message=message,
+                 data={"actor": actor, **{k: v for k, v in data.items() if k != "warning"}})
+
+
+def user_create(*, username: str, role: str, actor: str, password: str | None = None) -> tuple[object, str | None]:
     """A new user with a role; returns (user, the generated password or None when one was given)."""
     _check_role(role)
     User = get_user_model()
@@ -77,7 +85,8 @@ def user_create(*, username: str, role: str, password: str | None = None) -> tup
     except ValidationError as exc:
         raise ValidationError({"username": exc.messages}) from None
     try:
-        validate_password(password)
+        # With the user's own name: a password like the name is refused too.
+        validate_password(password, user=User(username=username))
     except ValidationError as exc:
         raise ValidationError({"password": exc.messages}) from None
     with transaction.atomic():
@@ -85,17 +94,44 @@ def user_create(*, username: str, role: str, password: str | None = None) -> tup
             raise ValidationError({"username": f"a user named {username!r} exists already; use set-role"})
         user = User.objects.create_user(username=username, password=password)
         _apply_role(user, role)
-    logger.info("user created username=%s role=%s", username, role)
+        _record(username=username, actor=actor, role=role, message=f"user {username} created by {actor} as {role}")
+    logger.info("user created username=%s role=%s actor=%s", username, role, actor)
     return user, generated
 
 
-def user_set_role(*, username: str, role: str):
+def user_set_role(*, username: str, role: str, actor: str):
     _check_role(role)
     User = get_user_model()
     with transaction.atomic():
         user = User.objects.select_for_update().filter(username=username).first()
         if user is None:
             raise NotFound(f"no user named {username!r}")
+        before = user_role(user)
         _apply_role(user, role)
-    logger.info("user role set username=%s role=%s", username, role)
+        if before != role:
+            _record(username=username, actor=actor, role=role, previous=before, warning=role == ADMIN,
+                    message=f"user {username}'s role changed by {actor}: {before or 'none'} -> {role}")
+    logger.info("user role set username=%s role=%s actor=%s", username, role, actor)
+    return user
+
+
+def user_set_superuser(*, username: str, superuser: bool, actor: str):
+    """Grant or take back superuser (every action, including those mapped to
+    no permission). Callers check that ``actor`` is a superuser itself: the
+    REST action maps no permission, so only superusers reach it."""
+    User = get_user_model()
+    with transaction.atomic():
+        user = User.objects.select_for_update().filter(username=username).first()
+        if user is None:
+            raise NotFound(f"no user named {username!r}")
+        if user.is_superuser == superuser:
+            return user
+        user.is_superuser = superuser
+        # A superuser is staff (the Django admin); taking it back leaves staff to the role.
+        user.is_staff = superuser or user_role(user) == ADMIN
+        user.save(update_fields=["is_superuser", "is_staff"])
+        verb = "granted superuser" if superuser else "no longer superuser"
+        _record(username=username, actor=actor, superuser=superuser, warning=superuser,
+                message=f"user {username} {verb} by {actor}")
+    logger.warning("user superuser set username=%s superuser=%s actor=%s", username, superuser, actor)
     return user

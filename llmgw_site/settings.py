@@ -157,9 +157,22 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's four validators are the floor: every path that sets a password
+# ('ctl users add', the API, the Django admin, createsuperuser) applies them.
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Password logins pass a throttle (accounts/throttle.py): after this many
+# failures within LLMGW_LOGIN_WINDOW seconds, logins for that user name, or
+# from that address, are refused until the window ends.
+AUTHENTICATION_BACKENDS = ["accounts.backends.ThrottledModelBackend"]
+LLMGW_LOGIN_FAILURES_PER_USER = env.int("LLMGW_LOGIN_FAILURES_PER_USER", default=10)
+LLMGW_LOGIN_FAILURES_PER_ADDRESS = env.int("LLMGW_LOGIN_FAILURES_PER_ADDRESS", default=50)
+LLMGW_LOGIN_WINDOW = env.int("LLMGW_LOGIN_WINDOW", default=900)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -205,6 +218,17 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 _redis_default = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
 LLMGW_REDIS_URL = env.str("LLMGW_REDIS_URL", default=_redis_default)
+
+# The login throttle's counts: shared by every web process (Redis), or by the
+# processes of the one host of the embedded default (files).
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "throttle": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": LLMGW_REDIS_URL}
+        if LLMGW_REDIS_URL else
+        {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "throttle")}
+    ),
+}
 
 # --- llmgw ------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ class EventKind(models.TextChoices):
     REPLICA_PENDING = "replica.pending"
     DRAIN = "drain"
     PROVISIONING = "provisioning"
+    ACCOUNT = "account"  # users, roles, superuser grants, operator tokens
 
 
 class EventSeverity(models.TextChoices):

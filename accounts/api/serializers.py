@@ -33,3 +33,7 @@ class UserCreatedSerializer(UserSerializer):
 
 class RoleSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=ROLES)
+
+
+class SuperuserSerializer(serializers.Serializer):
+    superuser = serializers.BooleanField()

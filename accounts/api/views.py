@@ -4,7 +4,8 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from .. import selectors, services
-from .serializers import RoleSerializer, UserCreatedSerializer, UserCreateSerializer, UserSerializer
+from ..actors import actor
+from .serializers import RoleSerializer, SuperuserSerializer, UserCreatedSerializer, UserCreateSerializer, UserSerializer
 
 
 class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -23,7 +24,7 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def create(self, request):
         serializer = UserCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user, generated = services.user_create(**serializer.validated_data)
+        user, generated = services.user_create(actor=actor(request), **serializer.validated_data)
         data = UserSerializer(user).data
         if generated:
             data["password"] = generated
@@ -34,5 +35,15 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def set_role(self, request, username=None):
         serializer = RoleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = services.user_set_role(username=username, role=serializer.validated_data["role"])
+        user = services.user_set_role(username=username, role=serializer.validated_data["role"], actor=actor(request))
+        return Response(UserSerializer(user).data)
+
+    # Mapped to no permission on purpose: only superusers may make superusers.
+    @extend_schema(request=SuperuserSerializer, responses=UserSerializer)
+    @action(detail=True, methods=["post"], url_path="set-superuser")
+    def set_superuser(self, request, username=None):
+        serializer = SuperuserSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = services.user_set_superuser(username=username, superuser=serializer.validated_data["superuser"],
+                                           actor=actor(request))
         return Response(UserSerializer(user).data)
