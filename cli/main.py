@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cmd_up(args) -> int:
+    # The web process answers to Host headers naming where it listens (settings.ALLOWED_HOSTS).
+    os.environ["LLMGW_WEB_HOST"] = args.host
     setup_django(args.data_dir)
     from .up import run_up
 
@@ -81,6 +83,7 @@ def _cmd_demo(args) -> int:
     # A short grace, so that the demo's failure story takes seconds (an
     # explicit LLMGW_NODE_GRACE wins); its children inherit it.
     os.environ.setdefault("LLMGW_NODE_GRACE", DEMO_GRACE)
+    os.environ["LLMGW_WEB_HOST"] = args.host
     setup_django(args.data_dir or demo_data_dir())
     from . import demo
 

@@ -51,7 +51,6 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
-ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 
 # Where operators reach the web process (``https://llmgw.example.org``), as a
 # TLS reverse proxy in front of it serves it. Over https, cookies are sent only
@@ -66,6 +65,30 @@ if _public.scheme == "https":
     CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
     # The proxy terminates TLS and says so; only it can reach the web process.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# The address the web process listens on ('llmgw up --host' sets it for its
+# processes). With DJANGO_ALLOWED_HOSTS unset, the web process answers only
+# to Host headers naming loopback, this address and LLMGW_PUBLIC_URL's host:
+# a page from elsewhere whose name is made to resolve to 127.0.0.1 (DNS
+# rebinding) reaches nothing. Listening on every interface (0.0.0.0, ::)
+# with nothing set keeps '*' ('llmgw up' warns).
+LLMGW_WEB_HOST = env.str("LLMGW_WEB_HOST", default="127.0.0.1")
+
+
+def _allowed_hosts() -> list[str]:
+    if env.str("DJANGO_ALLOWED_HOSTS", default=""):
+        return env.list("DJANGO_ALLOWED_HOSTS")
+    if LLMGW_WEB_HOST in ("", "0.0.0.0", "::"):
+        return ["*"]
+    hosts = ["localhost", "127.0.0.1", "[::1]"]
+    bound = f"[{LLMGW_WEB_HOST}]" if ":" in LLMGW_WEB_HOST else LLMGW_WEB_HOST
+    for host in (bound, _public.hostname if LLMGW_PUBLIC_URL else ""):
+        if host and host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+ALLOWED_HOSTS = _allowed_hosts()
 
 INSTALLED_APPS = [
     "django.contrib.admin",
