@@ -3,7 +3,9 @@ from django.contrib.auth.admin import GroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.models import Group, User
 
+from .actors import actor
 from .models import OperatorToken
+from .services import token_revoke
 
 
 @admin.register(OperatorToken)
@@ -11,10 +13,18 @@ class OperatorTokenAdmin(admin.ModelAdmin):
     """Tokens are made by 'llmgw up' (and the API); here they are listed by
     prefix and deleted. The token itself is not kept anywhere."""
 
-    list_display = ("prefix", "user", "name", "created_at", "last_used_at")
+    list_display = ("prefix", "user", "name", "created_at", "expires_at", "last_used_at")
     search_fields = ("prefix", "name", "user__username")
-    readonly_fields = ("user", "name", "prefix", "created_at", "last_used_at")
+    readonly_fields = ("user", "name", "prefix", "created_at", "expires_at", "last_used_at")
     exclude = ("secret_hash",)
+
+    # Deleting is revoking: through the service, which records who did it.
+    def delete_model(self, request, obj) -> None:
+        token_revoke(prefix=obj.prefix, user=request.user, actor=actor(request))
+
+    def delete_queryset(self, request, queryset) -> None:
+        for row in list(queryset):
+            token_revoke(prefix=row.prefix, user=request.user, actor=actor(request))
 
     def has_add_permission(self, request) -> bool:
         return False

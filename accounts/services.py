@@ -6,12 +6,14 @@ import logging
 import secrets
 import string
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from nodes.choices import EventKind, EventSeverity
 from nodes.events import event_record
@@ -24,6 +26,8 @@ from .selectors import token_hash, user_role
 logger = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "llmgw-op-"
+TOKEN_DEFAULT_DAYS = 90
+TOKEN_MAX_DAYS = 366
 _ALPHABET = string.ascii_letters + string.digits
 _SHOWN = 8
 
@@ -34,19 +38,56 @@ class CreatedToken:
     token: str  # the only time the token itself exists outside its holder's hands
 
 
-def token_create(*, user, name: str = "") -> CreatedToken:
+def token_create(*, user, name: str = "", days: float | None = None, not_after=None,
+                 actor: str = "") -> CreatedToken:
+    """A token acting as ``user`` with the user's role, valid ``days`` days
+    (None: without end, only for the token 'llmgw up' writes), and never past
+    ``not_after`` (the expiry of the token that asked for it: a token cannot
+    outlive the one that made it)."""
+    expires_at = token_expiry(days=days, not_after=not_after)
     for _ in range(5):
         token = TOKEN_PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(40))
         try:
             with transaction.atomic():
                 row = OperatorToken.objects.create(
-                    user=user, name=name, prefix=token[: len(TOKEN_PREFIX) + _SHOWN], secret_hash=token_hash(token)
+                    user=user, name=name, prefix=token[: len(TOKEN_PREFIX) + _SHOWN], secret_hash=token_hash(token),
+                    expires_at=expires_at,
                 )
         except IntegrityError:
             continue  # the prefix collided: draw again
         logger.info("operator token created user=%s prefix=%s", user.username, row.prefix)
+        if actor:
+            until = f"until {expires_at:%Y-%m-%d %H:%M} UTC" if expires_at else "without expiry"
+            _record(username=user.username, actor=actor, token=row.prefix,
+                    message=f"operator token {row.prefix} ({name or 'unnamed'}) of {user.username} made by {actor}, "
+                            f"{until}")
         return CreatedToken(row=row, token=token)
     raise RuntimeError("could not draw an unused token prefix")
+
+
+def token_expiry(*, days: float | None, not_after=None):
+    """When a token made now for ``days`` days expires (a pure decision)."""
+    if days is not None and not 0 < days <= TOKEN_MAX_DAYS:
+        raise ValidationError({"days": f"a token lives more than 0 and at most {TOKEN_MAX_DAYS} days"})
+    expires_at = timezone.now() + timedelta(days=days) if days is not None else None
+    if not_after is not None and (expires_at is None or expires_at > not_after):
+        expires_at = not_after
+    return expires_at
+
+
+def token_revoke(*, prefix: str, user, actor: str) -> OperatorToken:
+    """Revoke (delete) a token: one's own, or anyone's with
+    ``accounts.delete_operatortoken`` (admins)."""
+    with transaction.atomic():
+        row = OperatorToken.objects.select_related("user").select_for_update().filter(prefix=prefix).first()
+        if row is None or (row.user_id != user.pk and not user.has_perm("accounts.delete_operatortoken")):
+            # Someone else's token is as absent as one that does not exist.
+            raise NotFound(f"no token {prefix!r} of yours; 'llmgw ctl tokens list' lists them")
+        row.delete()
+        _record(username=row.user.username, actor=actor, token=prefix,
+                message=f"operator token {prefix} of {row.user.username} revoked by {actor}")
+    logger.info("operator token revoked user=%s prefix=%s actor=%s", row.user.username, prefix, actor)
+    return row
 
 
 def _check_role(role: str) -> None:

@@ -14,6 +14,7 @@ from nodes.events import event_record
 from nodes.exceptions import NotFound
 
 from .enqueue import reconcile_after_commit
+from .envmask import env_unmask
 from .models import CatalogEntry
 from .scheduling import model_never_fits
 from .validation import MAX_REPLICAS, CatalogEntryInvalid, catalog_entry_clean
@@ -66,6 +67,16 @@ def catalog_validate(entries: list[Any]) -> list[dict[str, Any]]:
     return clean
 
 
+def _keep_masked_secrets(data: dict[str, Any], model: CatalogEntry | None) -> None:
+    """A secret sent back masked (as the API showed it) keeps its stored value."""
+    if "env" not in data:
+        return
+    data["env"], missing = env_unmask(new=data["env"], old=model.env if model else None)
+    if missing:
+        raise CatalogInvalid([f"{data['name']}: env: {name} is the mask, not a value; give the value "
+                              "(a masked value keeps the stored one only where one is stored)" for name in missing])
+
+
 def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "") -> dict[str, list[str]]:
     """Create and update the given models; with ``prune``, remove the others.
     All or nothing: one bad entry and nothing changes."""
@@ -75,6 +86,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "") -
         existing = {m.name: m for m in CatalogEntry.objects.select_for_update(no_key=True)}
         for data in clean:
             model = existing.get(data["name"])
+            _keep_masked_secrets(data, model)
             if model is None:
                 model = CatalogEntry.objects.create(**data)
                 result["created"].append(model.name)
@@ -142,6 +154,7 @@ def catalog_upsert(*, entry: dict[str, Any]) -> None:
     """One entry, created or updated (the REST API and the admin)."""
     (data,) = catalog_validate([entry])
     with transaction.atomic():
+        _keep_masked_secrets(data, CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first())
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:

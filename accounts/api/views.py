@@ -5,7 +5,9 @@ from rest_framework.response import Response
 
 from .. import selectors, services
 from ..actors import actor
-from .serializers import RoleSerializer, SuperuserSerializer, UserCreatedSerializer, UserCreateSerializer, UserSerializer
+from ..models import OperatorToken
+from .serializers import (RoleSerializer, SuperuserSerializer, TokenCreatedSerializer, TokenCreateSerializer,
+                          TokenSerializer, UserCreatedSerializer, UserCreateSerializer, UserSerializer)
 
 
 class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -47,3 +49,38 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         user = services.user_set_superuser(username=username, superuser=serializer.validated_data["superuser"],
                                            actor=actor(request))
         return Response(UserSerializer(user).data)
+
+
+class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Operator tokens: each acts as its user, with that user's role, until it
+    expires. Everyone lists, makes and revokes their own; with
+    ``accounts.delete_operatortoken`` (admins) anyone's."""
+
+    serializer_class = TokenSerializer
+    lookup_field = "prefix"
+    lookup_value_regex = "[^/]+"
+    # A user's own tokens need no permission beyond being a user; the views
+    # scope what each sees and may revoke.
+    required_permissions = {"list": (), "create": (), "destroy": ()}
+
+    def get_queryset(self):
+        everyone = self.request.user.has_perm("accounts.delete_operatortoken") and \
+            self.request.query_params.get("all") in ("1", "true")
+        return selectors.token_list(user=self.request.user, everyone=everyone)
+
+    @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
+    def create(self, request):
+        serializer = TokenCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        parent = request.auth if isinstance(request.auth, OperatorToken) else None
+        created = services.token_create(user=request.user, name=serializer.validated_data["name"],
+                                        days=serializer.validated_data["days"],
+                                        not_after=parent.expires_at if parent else None, actor=actor(request))
+        data = TokenSerializer(created.row).data
+        data["token"] = created.token
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: TokenSerializer})
+    def destroy(self, request, prefix=None):
+        row = services.token_revoke(prefix=prefix, user=request.user, actor=actor(request))
+        return Response({**TokenSerializer(row).data, "revoked": True})
