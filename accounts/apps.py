@@ -7,7 +7,12 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts"
 
     def ready(self) -> None:
+        from core.events import event_kinds_register
+
         from . import roles
+        from .choices import AccountEventKind
+
+        event_kinds_register(owner=self.label, kinds=AccountEventKind)
 
         # The groups' permissions follow the map in roles.py after every
         # migrate: a permission added later (a new model) reaches its roles.

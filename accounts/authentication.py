@@ -3,7 +3,7 @@
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from .selectors import token_user
+from .selectors import token_use
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -25,10 +25,11 @@ class TokenAuthentication(authentication.BaseAuthentication):
             token = auth[1].decode()
         except UnicodeError:
             raise exceptions.AuthenticationFailed("the token holds characters a token never has") from None
-        user = token_user(token=token)
-        if user is None:
-            raise exceptions.AuthenticationFailed("Invalid token.")
-        return user, token
+        row = token_use(token=token)
+        if row is None:
+            raise exceptions.AuthenticationFailed("Invalid token. It is unknown, revoked or expired.")
+        # request.auth: the token's row (its expiry bounds the tokens it may make).
+        return row.user, row
 
     def authenticate_header(self, request) -> str:
         return "Token"

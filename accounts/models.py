@@ -13,6 +13,9 @@ class OperatorToken(models.Model):
     secret_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Past it the token authenticates no one. None: never (the token 'llmgw up'
+    # writes for the first admin, and tokens made before expiry existed).
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["user__username", "created_at"]

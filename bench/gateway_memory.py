@@ -149,7 +149,7 @@ def authenticated(port: int, pid: int, key: str, *, bodies: int, body: bytes) ->
 
     def post() -> None:
         response = httpx.post(f"http://{bench_gateway.HOST}:{port}/v1/chat/completions", content=body, timeout=300,
-                              headers={"Authorization": f"Bearer {key}"})
+                              headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         codes.append(response.status_code)
 
     before = rss_mib(pid)

@@ -93,7 +93,7 @@ def main() -> int:
     loop.call(pve.start(pve.certfile, pve.keyfile))
     hosts = [f"127.0.78.{i + 1}" for i in range(args.jobs)]
     servers = [loop.call(ssh_server(host, ssh_port))[0] for host in hosts]
-    services.hypervisor_create(name="pve", url=pve.url, token_id=TOKEN_ID, token_secret=TOKEN_SECRET,
+    services.hypervisor_create(actor="bench", name="pve", url=pve.url, token_id=TOKEN_ID, token_secret=TOKEN_SECRET,
                                ca_pem=Path(cert).read_text(), node="pve1", image=IMAGE)
 
     log = open(base / "worker.log", "wb")

@@ -12,9 +12,11 @@ def web_argv(*, host: str, port: int) -> list[str]:
 
     Lifespan events on: they start the gateway's routing table before the
     first /v1 request and write its last usage counts on the way out.
+    The HTTP protocol bounds request heads before anything is authenticated
+    (web/protocol.py).
     """
     return [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", host, "--port", str(port),
-            "--no-access-log", "--lifespan", "on"]
+            "--no-access-log", "--lifespan", "on", "--http", "web.protocol:HttpProtocol"]
 
 
 def worker_argv(*, concurrency: int, hostname: str) -> list[str]:

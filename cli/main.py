@@ -73,6 +73,8 @@ def _cmd_up(args) -> int:
     # Before anything is created: the database, its WAL, the broker's files,
     # every child's files, private from the start (cli/datadir.py).
     os.umask(UMASK)
+    # The web process answers to Host headers naming where it listens (settings.ALLOWED_HOSTS).
+    os.environ["LLMGW_WEB_HOST"] = args.host
     setup_django(args.data_dir)
     from .up import run_up
 
@@ -86,6 +88,7 @@ def _cmd_demo(args) -> int:
     # explicit LLMGW_NODE_GRACE wins); its children inherit it.
     os.environ.setdefault("LLMGW_NODE_GRACE", DEMO_GRACE)
     os.umask(UMASK)
+    os.environ["LLMGW_WEB_HOST"] = args.host
     setup_django(args.data_dir or demo_data_dir())
     from . import demo
 

@@ -18,6 +18,7 @@ import logging
 from contextlib import aclosing
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
 from django.urls import Resolver404, get_resolver
@@ -54,6 +55,15 @@ class GatewayHandler(ASGIHandler):
         except Resolver404:
             await self._send(_closing(
                 openai_error(404, f"No route {request.method} {request.path_info}.", ErrorKind.NOT_FOUND)), send)
+            return
+        try:
+            # No middleware here: the Host check CommonMiddleware would make
+            # (DNS rebinding: a page elsewhere reaching /metrics or /v1 on loopback).
+            request.get_host()
+        except DisallowedHost:
+            await self._send(_closing(openai_error(
+                400, "The Host header names no address this server answers to (ALLOWED_HOSTS).",
+                ErrorKind.INVALID_REQUEST)), send)
             return
         gw = gateway()
         if not gw.started:

@@ -6,7 +6,6 @@ class ErrorKind(models.TextChoices):
     the ``code`` of the OpenAI-shaped error body."""
 
     INVALID_API_KEY = "invalid_api_key"
-    MODEL_NOT_ALLOWED = "model_not_allowed"
     MODEL_NOT_FOUND = "model_not_found"
     NO_READY_REPLICA = "no_ready_replica"
     INVALID_REQUEST = "invalid_request"
@@ -14,6 +13,7 @@ class ErrorKind(models.TextChoices):
     BODY_TIMEOUT = "body_timeout"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_ERROR = "upstream_error"
@@ -31,6 +31,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "server_error",
     502: "server_error",
     503: "server_error",

@@ -51,7 +51,8 @@ async def precheck(gw: Gateway, request: HttpRequest, view) -> HttpResponse | No
     if view is metrics:
         return _metrics_refusal(request)
     endpoint, allowed = ENDPOINTS[view]
-    return _method(gw, request, endpoint, allowed) or (await _key(gw, request, endpoint))[1]
+    return (_method(gw, request, endpoint, allowed) or _media_type(gw, request, endpoint)
+            or (await _key(gw, request, endpoint))[1])
 
 
 def _method(gw: Gateway, request: HttpRequest, endpoint: str, allowed: str) -> HttpResponse | None:
@@ -59,6 +60,19 @@ def _method(gw: Gateway, request: HttpRequest, endpoint: str, allowed: str) -> H
         return None
     return _refuse(gw, endpoint, "", 405, f"{request.path} accepts {allowed} only, not {request.method}.",
                    ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": allowed})
+
+
+def _media_type(gw: Gateway, request: HttpRequest, endpoint: str) -> HttpResponse | None:
+    """A POST body must say it is JSON. text/plain, forms and multipart are
+    what a web page may send cross-site without asking (a CORS "simple"
+    request): refusing them keeps a browser from being used as a client."""
+    if request.method != "POST":
+        return None
+    given = request.META.get("CONTENT_TYPE", "")
+    if given.split(";", 1)[0].strip().lower() == "application/json":
+        return None
+    return _refuse(gw, endpoint, "", 415, f"Send the body as JSON with 'Content-Type: application/json' "
+                   f"(this request said {given or 'nothing'!r}).", ErrorKind.UNSUPPORTED_MEDIA_TYPE)
 
 
 def _model_object(gw: Gateway, name: str) -> dict:
@@ -119,7 +133,7 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
 async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) -> HttpResponse:
     started = time.perf_counter()
     gw = gateway()
-    refused = _method(gw, request, endpoint, "POST")
+    refused = _method(gw, request, endpoint, "POST") or _media_type(gw, request, endpoint)
     if refused:
         return refused
     key, refused = await _authenticate(gw, request, endpoint)
@@ -135,10 +149,8 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         return _refuse(gw, endpoint, "", 400, checked.problem[1], ErrorKind.INVALID_REQUEST, param=checked.problem[0])
     model = checked.model
     if key is not None and not key.allows(model):
-        if model in gw.table.catalog:
-            allowed = ", ".join(sorted(key.allowed_models or ()))
-            return _refuse(gw, endpoint, model, 403, f"This API key may not use `{model}`; it may use: {allowed}.",
-                           ErrorKind.MODEL_NOT_ALLOWED, param="model")
+        # The same answer as for a name that exists nowhere: a key restricted
+        # to some models learns nothing of the others, not even their names.
         return _refuse(gw, endpoint, "", 404, _unknown_model_message(gw, key, model), ErrorKind.MODEL_NOT_FOUND,
                        param="model")
     if model not in gw.table.by_model:

@@ -56,7 +56,6 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
-ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 
 # Where operators reach the web process (``https://llmgw.example.org``), as a
 # TLS reverse proxy in front of it serves it. Over https, cookies are sent only
@@ -71,6 +70,30 @@ if _public.scheme == "https":
     CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
     # The proxy terminates TLS and says so; only it can reach the web process.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# The address the web process listens on ('llmgw up --host' sets it for its
+# processes). With DJANGO_ALLOWED_HOSTS unset, the web process answers only
+# to Host headers naming loopback, this address and LLMGW_PUBLIC_URL's host:
+# a page from elsewhere whose name is made to resolve to 127.0.0.1 (DNS
+# rebinding) reaches nothing. Listening on every interface (0.0.0.0, ::)
+# with nothing set keeps '*' ('llmgw up' warns).
+LLMGW_WEB_HOST = env.str("LLMGW_WEB_HOST", default="127.0.0.1")
+
+
+def _allowed_hosts() -> list[str]:
+    if env.str("DJANGO_ALLOWED_HOSTS", default=""):
+        return env.list("DJANGO_ALLOWED_HOSTS")
+    if LLMGW_WEB_HOST in ("", "0.0.0.0", "::"):
+        return ["*"]
+    hosts = ["localhost", "127.0.0.1", "[::1]"]
+    bound = f"[{LLMGW_WEB_HOST}]" if ":" in LLMGW_WEB_HOST else LLMGW_WEB_HOST
+    for host in (bound, _public.hostname if LLMGW_PUBLIC_URL else ""):
+        if host and host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+ALLOWED_HOSTS = _allowed_hosts()
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -163,9 +186,22 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's four validators are the floor: every path that sets a password
+# ('ctl users add', the API, the Django admin, createsuperuser) applies them.
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Password logins pass a throttle (accounts/throttle.py): after this many
+# failures within LLMGW_LOGIN_WINDOW seconds, logins for that user name, or
+# from that address, are refused until the window ends.
+AUTHENTICATION_BACKENDS = ["accounts.backends.ThrottledModelBackend"]
+LLMGW_LOGIN_FAILURES_PER_USER = env.int("LLMGW_LOGIN_FAILURES_PER_USER", default=10)
+LLMGW_LOGIN_FAILURES_PER_ADDRESS = env.int("LLMGW_LOGIN_FAILURES_PER_ADDRESS", default=50)
+LLMGW_LOGIN_WINDOW = env.int("LLMGW_LOGIN_WINDOW", default=900)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -211,6 +247,17 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 _redis_default = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
 LLMGW_REDIS_URL = env.str("LLMGW_REDIS_URL", default=_redis_default)
+
+# The login throttle's counts: shared by every web process (Redis), or by the
+# processes of the one host of the embedded default (files).
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "throttle": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": LLMGW_REDIS_URL}
+        if LLMGW_REDIS_URL else
+        {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "throttle")}
+    ),
+}
 
 # --- llmgw ------------------------------------------------------------------
 
@@ -275,6 +322,16 @@ LLMGW_AGENT_CONNECTIONS_PER_CERT = env.int("LLMGW_AGENT_CONNECTIONS_PER_CERT", d
 LLMGW_AGENT_LOG_LEVEL = env.str("LLMGW_AGENT_LOG_LEVEL", default="info")
 # Any value turns gunicorn's access log on.
 LLMGW_AGENT_ACCESS_LOG = bool(env.str("LLMGW_AGENT_ACCESS_LOG", default=""))
+
+# --- web port (web/protocol.py) ---------------------------------------------------
+
+# The request head (request line and headers), bounded before any
+# authentication: larger heads, or more headers, are answered 431; a head not
+# whole this many seconds after its first byte (or after the connection
+# opened) is answered 408 and the connection closed.
+LLMGW_WEB_MAX_HEAD_BYTES = env.int("LLMGW_WEB_MAX_HEAD_BYTES", default=32 * 1024)
+LLMGW_WEB_MAX_HEADERS = env.int("LLMGW_WEB_MAX_HEADERS", default=100)
+LLMGW_WEB_HEAD_TIMEOUT = env.float("LLMGW_WEB_HEAD_TIMEOUT", default=10.0)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -21,7 +21,7 @@ from .exceptions import InvalidJobTransition, JobNotFound, StepFailed
 from .models import Hypervisor, Job, Step
 from .onboard.request import onboard_request_check
 from .proxmox import Proxmox, ProxmoxError, needed_privileges
-from .validation import RequestInvalid, hypervisor_fields_check, provision_request_check
+from .validation import RequestInvalid, hypervisor_fields_check, hypervisor_secret_check, provision_request_check
 from .vault import secret_encrypt
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ HYPERVISOR_FIELDS = ("url", "token_id", "ca_pem", "node", "storage", "image", "b
 # --- hypervisors -------------------------------------------------------------
 
 
-def hypervisor_create(*, name: str, token_secret: str, **fields: Any) -> Hypervisor:
+def hypervisor_create(*, name: str, token_secret: str, actor: str, **fields: Any) -> Hypervisor:
     hypervisor_fields_check({"name": name, **fields})
     if not token_secret.strip():
         raise RequestInvalid({"token_secret": "the API token's secret is required"})
@@ -41,26 +41,42 @@ def hypervisor_create(*, name: str, token_secret: str, **fields: Any) -> Hypervi
         raise RequestInvalid({"name": f"a hypervisor named {name!r} exists"})
     data = {k: v for k, v in fields.items() if k in HYPERVISOR_FIELDS and v is not None}
     row = Hypervisor.objects.create(name=name, token_secret_encrypted=secret_encrypt(token_secret.strip()), **data)
-    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}", message=f"hypervisor {name} added ({row.url})")
+    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}", data={"actor": actor},
+                 message=f"hypervisor {name} added by {actor} ({row.url}, token {row.token_id})")
     return row
 
 
-def hypervisor_update(*, name: str, token_secret: str | None = None, **fields: Any) -> Hypervisor:
+def hypervisor_update(*, name: str, actor: str, token_secret: str | None = None, **fields: Any) -> Hypervisor:
     hypervisor_fields_check(fields)
+    secret = (token_secret or "").strip()
     with transaction.atomic():
         row = Hypervisor.objects.select_for_update().filter(name=name).first()
         if row is None:
             raise JobNotFound(f"no hypervisor named {name!r}")
-        for key, value in fields.items():
-            if key in HYPERVISOR_FIELDS and value is not None:
-                setattr(row, key, value)
-        if token_secret is not None and token_secret.strip():
-            row.token_secret_encrypted = secret_encrypt(token_secret.strip())
+        changed = [key for key, value in fields.items()
+                   if key in HYPERVISOR_FIELDS and value is not None and value != getattr(row, key)]
+        # The token's secret goes wherever url and ca_pem say: whoever moves
+        # them must hold the secret, or they could have it sent to themselves.
+        hypervisor_secret_check(changed=changed, token_secret=secret)
+        for key in changed:
+            setattr(row, key, fields[key])
+        if secret:
+            row.token_secret_encrypted = secret_encrypt(secret)
+            changed.append("token_secret")
+        if not changed:
+            return row
         row.save()
+        # Names of fields only: a CA or a key list is long, a secret is secret.
+        shown = ", ".join(f"{key}={getattr(row, key)}" if key in ("url", "token_id", "node", "storage", "image",
+                                                                  "bridge", "pool", "ciuser", "nameserver")
+                          else key for key in changed)
+        event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}",
+                     data={"actor": actor, "fields": changed},
+                     message=f"hypervisor {name} changed by {actor}: {shown}")
     return row
 
 
-def hypervisor_delete(*, name: str) -> None:
+def hypervisor_delete(*, name: str, actor: str) -> None:
     row = Hypervisor.objects.filter(name=name).first()
     if row is None:
         raise JobNotFound(f"no hypervisor named {name!r}")
@@ -68,7 +84,8 @@ def hypervisor_delete(*, name: str) -> None:
         raise InvalidJobTransition(f"hypervisor {name} has jobs running; cancel them first")
     row.jobs.update(hypervisor=None)
     row.delete()
-    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}", message=f"hypervisor {name} removed")
+    event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"hypervisor/{name}", data={"actor": actor},
+                 message=f"hypervisor {name} removed by {actor}")
 
 
 def hypervisor_check(*, name: str, vmid: int | None = None) -> dict[str, Any]:

@@ -65,6 +65,21 @@ def hypervisor_fields_check(data: dict[str, Any]) -> None:
         raise RequestInvalid(errors)
 
 
+# Where the token's secret is sent, and whom it trusts there.
+SECRET_BOUND_FIELDS = ("url", "ca_pem")
+
+
+def hypervisor_secret_check(*, changed: list[str], token_secret: str) -> None:
+    """Changing where the token's secret goes (the API's address, the CA that
+    vouches for it) needs the secret given again: otherwise anyone who may
+    change a hypervisor could aim the stored secret at a server of theirs."""
+    moved = [field for field in SECRET_BOUND_FIELDS if field in changed]
+    if moved and not token_secret:
+        raise RequestInvalid({"token_secret": (
+            f"changing {' and '.join(moved)} sends the API token's secret to another place: "
+            "give the token's secret again (token_secret) with the change")})
+
+
 def provision_request_check(data: dict[str, Any]) -> dict[str, Any]:
     """The cleaned parameters of a provisioning job, or RequestInvalid naming each bad field."""
     errors: dict[str, str] = {}

@@ -7,6 +7,7 @@ from nodes.choices import NodeStatus
 
 from .catalog import CatalogInvalid, catalog_upsert, model_remove
 from .drain import drain_start
+from .envmask import env_masked
 from .models import CatalogEntry, Drain, GpuAllocation, Member, PortAllocation, Replica
 from .validation import ENTRY_FIELDS
 
@@ -15,6 +16,12 @@ class CatalogEntryAdminForm(forms.ModelForm):
     class Meta:
         model = CatalogEntry
         fields = ENTRY_FIELDS
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Secret values are write-only here too; left masked, the stored one is kept.
+        if self.instance.pk:
+            self.initial["env"] = env_masked(self.instance.env)
 
 
 @admin.register(CatalogEntry)
@@ -40,8 +47,12 @@ class MemberInline(admin.TabularInline):
     model = Member
     extra = 0
     can_delete = False
-    readonly_fields = ["node", "rank", "gpus", "ports", "state", "healthy", "pid", "exit_code", "argv", "env"]
+    readonly_fields = ["node", "rank", "gpus", "ports", "state", "healthy", "pid", "exit_code", "argv", "environment"]
     fields = readonly_fields
+
+    @admin.display(description="env")
+    def environment(self, member) -> dict:
+        return env_masked(member.env)
 
 
 @admin.register(Replica)

@@ -15,6 +15,7 @@ from core.exceptions import NotFound
 
 from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
+from .envmask import env_unmask
 from .models import CatalogEntry
 from .scheduling import model_never_fits
 from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, catalog_entry_clean
@@ -74,11 +75,25 @@ def catalog_validate(entries: list[Any], *, admin: bool = True,
     return clean
 
 
+def _keep_masked_secrets(data: dict[str, Any], model: CatalogEntry | None) -> None:
+    """A secret sent back masked (as the API showed it) keeps its stored value."""
+    if "env" not in data:
+        return
+    data["env"], missing = env_unmask(new=data["env"], old=model.env if model else None)
+    if missing:
+        raise CatalogInvalid([f"{data['name']}: env: {name} is the mask, not a value; give the value "
+                              "(a masked value keeps the stored one only where one is stored)" for name in missing])
+
+
 TRUSTED_FIELDS = ("engine", "weights", "args", "env")
 
 
 def _held_unchanged(value: dict[str, Any], held: dict[str, Any] | None) -> bool:
-    return held is not None and all(value.get(f) == held.get(f) for f in TRUSTED_FIELDS)
+    if held is None:
+        return False
+    # A secret sent back masked is the held value (_keep_masked_secrets).
+    env, _ = env_unmask(new=value.get("env") or {}, old=held.get("env"))
+    return all((env if f == "env" else value.get(f)) == held.get(f) for f in TRUSTED_FIELDS)
 
 
 def catalog_held(models) -> dict[str, dict[str, Any]]:
@@ -99,6 +114,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
             clean = catalog_validate(entries, admin=False, held=catalog_held(existing.values()))
         for data in clean:
             model = existing.get(data["name"])
+            _keep_masked_secrets(data, model)
             if model is None:
                 model = CatalogEntry.objects.create(**data)
                 result["created"].append(model.name)
@@ -167,6 +183,7 @@ def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
     with transaction.atomic():
         held = catalog_held(CatalogEntry.objects.select_for_update(no_key=True).filter(name=str(entry.get("name", ""))))
         (data,) = catalog_validate([entry], admin=admin, held=held)
+        _keep_masked_secrets(data, CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first())
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:

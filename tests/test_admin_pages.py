@@ -120,3 +120,25 @@ def test_names_read_as_words(admin_client):
     index = admin_client.get("/admin/").content.decode()
     assert "GPUs" in index and "HCAs" in index and "Gateway processes" in index
     assert "Gpus" not in index and "processs" not in index
+
+
+def test_hypervisors_are_read_only_in_the_admin(admin_client, pki_dir):
+    """The admin's form skipped the API's checks (it stored url=http://...,
+    bridge='vmbr0,tag=99,firewall=0', image=/etc/shadow) and the secret rule:
+    hypervisors change through the API, ctl or the pages only."""
+    from provisioning.models import Hypervisor
+    from provisioning.vault import secret_encrypt
+
+    bad = {"name": "evil", "url": "http://127.0.0.9:8006", "token_id": "a@pve!t", "token_secret": "s",
+           "node": "", "storage": "local-lvm", "image": "/etc/shadow", "bridge": "vmbr0,tag=99,firewall=0",
+           "pool": "", "ciuser": "ubuntu", "nameserver": "", "ssh_keys": "", "ca_pem": ""}
+    assert admin_client.post(_url(Hypervisor, "add"), bad).status_code == 403
+    assert not Hypervisor.objects.exists()
+    row = Hypervisor.objects.create(name="pve", url="https://127.0.0.1:8006", token_id="a@pve!t",
+                                    token_secret_encrypted=secret_encrypt("s"), image="local:import/x.qcow2")
+    assert admin_client.post(_url(Hypervisor, "change", row.pk), {**bad, "name": "pve"}).status_code == 403
+    assert admin_client.post(_url(Hypervisor, "delete", row.pk), {"post": "yes"}).status_code == 403
+    row.refresh_from_db()
+    assert (row.url, row.bridge, row.image) == ("https://127.0.0.1:8006", "vmbr0", "local:import/x.qcow2")
+    page = admin_client.get(_url(Hypervisor, "change", row.pk))
+    assert page.status_code == 200 and b"token_secret" not in page.content

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from .views import cluster, events, gateway, nodes, onboarding, provisioning, replicas
+from .views import cluster, events, gateway, nodes, onboarding, provisioning, replicas, tokens
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="ui/login.html"), name="ui-login"),
@@ -27,6 +27,9 @@ urlpatterns = [
     path("gateway/", gateway.gateway_page, name="ui-gateway"),
     path("gateway/keys/", gateway.key_create, name="ui-key-create"),
     path("gateway/keys/<str:name>/revoke/", gateway.key_revoke, name="ui-key-revoke"),
+    path("tokens/", tokens.tokens_page, name="ui-tokens"),
+    path("tokens/new/", tokens.token_create, name="ui-token-create"),
+    path("tokens/<str:prefix>/revoke/", tokens.token_revoke, name="ui-token-revoke"),
     path("provisioning/", provisioning.provisioning_page, name="ui-provisioning"),
     path("provisioning/live/", provisioning.jobs_live, name="ui-jobs-live"),
     path("provisioning/vm/", provisioning.job_new_vm, name="ui-job-new-vm"),

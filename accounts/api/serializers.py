@@ -33,3 +33,27 @@ class UserCreatedSerializer(UserSerializer):
 
 class RoleSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=ROLES)
+
+
+class SuperuserSerializer(serializers.Serializer):
+    superuser = serializers.BooleanField()
+
+
+class TokenSerializer(serializers.Serializer):
+    prefix = serializers.CharField(read_only=True)
+    user = serializers.CharField(source="user.username", read_only=True)
+    name = serializers.CharField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    expires_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True)
+    days = serializers.FloatField(required=False, default=90.0, min_value=0.001, max_value=366,
+                                  help_text="how long the token lives (default 90, at most 366); a token made "
+                                            "with a token never outlives it")
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="the token itself, shown this once")

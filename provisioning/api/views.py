@@ -35,17 +35,19 @@ class HypervisorViewSet(viewsets.ModelViewSet):
         return selectors.hypervisor_list()
 
     def perform_create(self, serializer):
-        serializer.instance = _service(services.hypervisor_create, **serializer.validated_data)
+        serializer.instance = _service(services.hypervisor_create, actor=actor(self.request),
+                                       **serializer.validated_data)
 
     def perform_update(self, serializer):
         data = dict(serializer.validated_data)
         data.pop("name", None)
-        serializer.instance = _service(services.hypervisor_update, name=self.kwargs["name"], **data)
+        serializer.instance = _service(services.hypervisor_update, name=self.kwargs["name"],
+                                       actor=actor(self.request), **data)
 
     @extend_schema(responses={200: None})
     def destroy(self, request, name=None):
         # An answer with a body: 'llmgw ctl' reads JSON.
-        services.hypervisor_delete(name=name)
+        services.hypervisor_delete(name=name, actor=actor(request))
         return Response({"name": name, "removed": True})
 
     @extend_schema(request=None, responses=CheckSerializer,

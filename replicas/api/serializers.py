@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from ..choices import ReplicaStatus
+from ..envmask import env_masked
 from ..models import CatalogEntry, Drain, Member, Replica
 from ..validation import ENTRY_FIELDS, MAX_REPLICAS, CatalogEntryFields
 
@@ -17,6 +18,11 @@ class MemberSerializer(serializers.ModelSerializer):
         model = Member
         fields = ["member", "node", "rank", "gpus", "ports", "state", "healthy", "pid", "exit_code",
                   "serves_http", "health_url", "argv", "env", "log_tail", "reported_at"]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["env"] = env_masked(data.get("env"))  # secrets are write-only (replicas/envmask.py)
+        return data
 
 
 class ReplicaSerializer(serializers.ModelSerializer):
@@ -39,6 +45,11 @@ class ModelSerializer(serializers.ModelSerializer):
         model = CatalogEntry
         fields = [*ENTRY_FIELDS,
                   "never_fits_reason", "removing", "replica_counts", "pending_reasons", "created_at", "updated_at"]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["env"] = env_masked(data.get("env"))  # secrets are write-only (replicas/envmask.py)
+        return data
 
     def get_replica_counts(self, model) -> dict[str, int]:
         counts = {s: 0 for s in ReplicaStatus.values if s != ReplicaStatus.STOPPED}

@@ -30,7 +30,7 @@ def world(db, settings, no_reconcile_enqueue):
     key_create(name="k")
     failed = Job.objects.create(kind=JobKind.PROVISION, node_name="n8", status="failed", status_changed_at=timezone.now())
     queued = Job.objects.create(kind=JobKind.PROVISION, node_name="n9", status="queued", status_changed_at=timezone.now())
-    user, _ = services.user_create(username="alice", role=roles.ADMIN, password="alice-password-1")
+    user, _ = services.user_create(actor="tests", username="alice", role=roles.ADMIN, password="alice-password-1")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {services.token_create(user=user).token}")
     return client, failed, queued

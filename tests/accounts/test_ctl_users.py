@@ -56,7 +56,7 @@ def test_users_add_list_set_role(ctl_env, tmp_path):
 
 
 def test_an_operator_cannot_add_users(ctl_env):
-    operator, _ = user_create(username="op", role="operator", password="op-password-123")
+    operator, _ = user_create(actor="tests", username="op", role="operator", password="op-password-123")
     env = dict(ctl_env, LLMGW_TOKEN=token_create(user=operator).token)
     refused = run("users", "add", "mallory", "--role", "admin", env=env, rc=1)
     assert "403" in refused.stderr and "auth.add_user" in refused.stderr

@@ -79,7 +79,7 @@ def cluster(db):
     CatalogEntryFactory(name="m")
     CatalogEntryFactory(name="m2", replicas=0)
     key_create(name="k")
-    services.user_create(username="someone", role=V, password="someone-password-1")
+    services.user_create(actor="tests", username="someone", role=V, password="someone-password-1")
 
 
 def _client(user) -> APIClient:
@@ -91,7 +91,7 @@ def _client(user) -> APIClient:
 def _user(who: str):
     if who == "staff-without-permissions":
         return get_user_model().objects.create_user(who, password="x-password-1", is_staff=True)
-    return services.user_create(username=f"the-{who}", role=who, password="x-password-1")[0]
+    return services.user_create(actor="tests", username=f"the-{who}", role=who, password="x-password-1")[0]
 
 
 def _state() -> tuple:
@@ -143,12 +143,12 @@ def test_the_groups_hold_the_map():
 
 
 def test_roles_and_staff():
-    viewer, _ = services.user_create(username="v", role=V, password="x-password-1")
+    viewer, _ = services.user_create(actor="tests", username="v", role=V, password="x-password-1")
     assert not viewer.is_staff
-    admin = services.user_set_role(username="v", role=A)
+    admin = services.user_set_role(actor="tests", username="v", role=A)
     assert admin.is_staff and [g.name for g in admin.groups.all()] == [A]
     assert admin.has_perm("pki.add_certificate")
-    back = services.user_set_role(username="v", role=O)
+    back = services.user_set_role(actor="tests", username="v", role=O)
     assert not back.is_staff and [g.name for g in back.groups.all()] == [O]
 
 
@@ -161,7 +161,7 @@ def test_an_unmapped_action_is_refused_to_all_but_superusers(rf):
         permission_model = "nodes.node"
         action = "self_destruct"
 
-    admin, _ = services.user_create(username="a", role=A, password="x-password-1")
+    admin, _ = services.user_create(actor="tests", username="a", role=A, password="x-password-1")
     request = Request(rf.post("/"))
     request.user = admin
     assert ActionPermissions().has_permission(request, View()) is False

@@ -61,7 +61,8 @@ def test_model_without_ready_replica_is_503_with_retry_after(served):
 ])
 def test_malformed_bodies_are_400(served, body, param):
     client, engine = served
-    error = _assert_openai_error(client.post("/v1/chat/completions", content=body), 400, "invalid_request")
+    answer = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    error = _assert_openai_error(answer, 400, "invalid_request")
     assert error["param"] == param
     assert not engine.requests
 

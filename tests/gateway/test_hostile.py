@@ -101,7 +101,7 @@ def test_deep_nesting_is_a_400_naming_it(gateway_web, make_replica, fake_engine,
     key = api_key()
     web = gateway_web(LLMGW_GATEWAY_INLINE_PARSE_BYTES=inline_bytes)
     depth = 100_000
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     for body in ("[" * depth + "]" * depth,
                  '{"model": "m", "messages": ' + "[" * depth + "]" * depth + "}"):
         response = httpx.post(f"{web.url}/v1/chat/completions", content=body, headers=headers, timeout=30)
@@ -130,7 +130,7 @@ def test_metrics_keeps_answering_while_a_large_body_is_parsed(gateway_web, make_
 
     def big() -> None:
         response = httpx.post(f"{web.url}/v1/chat/completions", content=body, timeout=120,
-                              headers={"Authorization": f"Bearer {key}"})
+                              headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         assert response.status_code == 404  # parsed whole, then refused by model name
         answered["big"] = time.monotonic()
 

@@ -46,7 +46,7 @@ def test_ctl_keys_create_list_revoke(gateway_web, make_replica, fake_engine, adm
         wait_until(lambda: client.post("/v1/chat/completions", json=_chat("m")).status_code == 200, timeout=1.5,
                    message="the new key accepted")
         refused = client.post("/v1/chat/completions", json=_chat("other"))
-        assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["m"]
 
         listing = _ctl(web, admin_token, "list")

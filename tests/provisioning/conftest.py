@@ -79,7 +79,7 @@ def hypervisor_fields(pve, **overrides) -> dict:
 def hypervisor(pve):
     from provisioning import services
 
-    return services.hypervisor_create(**hypervisor_fields(pve))
+    return services.hypervisor_create(actor="tests", **hypervisor_fields(pve))
 
 
 def provision_request(**overrides) -> dict:

@@ -166,3 +166,44 @@ def test_openapi_schema_lists_the_endpoints(operator):
                  "/api/v1/jobs/", "/api/v1/jobs/provision/", "/api/v1/jobs/{id}/retry/",
                  "/api/v1/jobs/{id}/cancel/"):
         assert path in paths, path
+
+
+@pytest.mark.parametrize("change", [
+    {"url": "https://127.0.0.9:8006"},
+    {"ca_pem": ""},
+    {"url": "https://127.0.0.9:8006", "ca_pem": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
+])
+def test_moving_the_secret_elsewhere_needs_the_secret(pve, hypervisor, operator, change):
+    """The probe changed url and CA without the secret, then 'check' sent the
+    token to the new server. Now the change is refused, naming token_secret."""
+    before = Hypervisor.objects.values().get(name="pve")
+    answer = operator.patch("/api/v1/hypervisors/pve/", change, format="json")
+    assert answer.status_code == 400, answer.content
+    assert "give the token's secret again" in json.dumps(answer.json()["token_secret"])
+    assert Hypervisor.objects.values().get(name="pve") == before
+    # Given the secret, the same change is made.
+    answer = operator.patch("/api/v1/hypervisors/pve/", {**change, "token_secret": TOKEN_SECRET}, format="json")
+    assert answer.status_code == 200, answer.content
+
+
+def test_other_changes_and_the_same_url_need_no_secret(pve, hypervisor, operator):
+    answer = operator.patch("/api/v1/hypervisors/pve/", {"bridge": "vmbr1", "url": pve.url}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert Hypervisor.objects.get(name="pve").bridge == "vmbr1"
+
+
+def test_every_change_to_a_hypervisor_is_an_event_naming_who(pve, operator):
+    who = "user " + get_user_model().objects.get().username
+    assert operator.post("/api/v1/hypervisors/", _body(pve), format="json").status_code == 201
+    assert operator.patch("/api/v1/hypervisors/pve/", {"bridge": "vmbr1"}, format="json").status_code == 200
+    assert operator.patch("/api/v1/hypervisors/pve/", {"token_secret": TOKEN_SECRET}, format="json").status_code == 200
+    assert operator.delete("/api/v1/hypervisors/pve/").status_code == 200
+    events = list(Event.objects.filter(subject="hypervisor/pve").order_by("id"))
+    assert [e.message for e in events] == [
+        f"hypervisor pve added by {who} ({pve.url}, token {hypervisor_fields(pve)['token_id']})",
+        f"hypervisor pve changed by {who}: bridge=vmbr1",
+        f"hypervisor pve changed by {who}: token_secret",
+        f"hypervisor pve removed by {who}",
+    ]
+    assert all(e.data["actor"] == who for e in events)
+    assert TOKEN_SECRET not in json.dumps([e.data for e in events])

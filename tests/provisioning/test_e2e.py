@@ -67,7 +67,7 @@ def plane(pki_dir, web_factory, celery_factory, admin_token, vm_ssh, settings, t
 
 @pytest.fixture
 def hypervisor_row(plane, pve):
-    return services.hypervisor_create(**hypervisor_fields(pve))
+    return services.hypervisor_create(actor="tests", **hypervisor_fields(pve))
 
 
 def ctl(*args: str, env: dict, rc: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -105,7 +105,7 @@ def test_ctl_onboard_wait_with_a_confirmed_fingerprint(plane, machine):
 
 
 def test_ctl_provision_then_onboard_over_the_host_key_it_pinned(plane, machine, pve, tmp_path):
-    services.hypervisor_create(**hypervisor_fields(pve))
+    services.hypervisor_create(actor="tests", **hypervisor_fields(pve))
     node = machine("llmgw-node05", VM_HOST, plane.port)
     run = plane.ctl(
         "provision", "--name", "llmgw-node05", "--vmid", "145", "--ip", f"{VM_HOST}/24", "--gateway",

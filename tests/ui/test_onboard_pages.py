@@ -258,7 +258,7 @@ def operator_client(client, db):
     from accounts import roles
     from accounts.services import user_create
 
-    user, _ = user_create(username="op", role=roles.OPERATOR, password="op-password-for-tests")
+    user, _ = user_create(actor="tests", username="op", role=roles.OPERATOR, password="op-password-for-tests")
     client.force_login(user)
     return client
 

@@ -75,7 +75,7 @@ def role_cluster(small_cluster, pki_dir):
         for status in ("failed", "queued")
     }
     for who in roles.ROLES:
-        user_create(username=f"the-{who}", role=who, password=PASSWORD)
+        user_create(actor="tests", username=f"the-{who}", role=who, password=PASSWORD)
     return jobs
 
 

@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from core.models import Event
 from replicas import catalog
 from replicas.choices import WANTED, ReplicaStatus
+from replicas.envmask import env_masked
 from replicas.models import CatalogEntry, Member, Replica
 
 from ..catalog_preview import catalog_parse, catalog_preview, field_errors
@@ -63,7 +64,7 @@ def replica_page(request, replica_id: int):
     members = list(Member.objects.filter(replica=replica).select_related("node").order_by("rank"))
     for m in members:
         m.command = " ".join(shlex.quote(str(a)) for a in m.argv)
-        m.env_text = "\n".join(f"{k}={v}" for k, v in sorted(m.env.items()))
+        m.env_text = "\n".join(f"{k}={v}" for k, v in sorted(env_masked(m.env).items()))
     history = Event.objects.filter(subject=f"replica/{replica.pk}").order_by("-created_at", "-id")[:100]
     return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history})
 

@@ -1,0 +1,6 @@
+from django.db import models
+
+
+class AccountEventKind(models.TextChoices):
+    # Users, roles, superuser grants and operator tokens: who did what to whom.
+    ACCOUNT = "account"

@@ -1,0 +1,162 @@
+"""The web process's HTTP/1.1 protocol: uvicorn's httptools protocol with
+bounds on the request head, enforced before anything reaches Django.
+
+httptools (llhttp) sets no limit of its own: uvicorn read an 8 MiB header in
+full before the application answered 401, and four connections holding
+unfinished 32 MiB headers doubled the process's memory. A head here is
+refused with 431 once it passes ``LLMGW_WEB_MAX_HEAD_BYTES`` (the agent API's
+32 KiB; nginx and h11 stop at 8-16 KiB) or holds more than
+``LLMGW_WEB_MAX_HEADERS`` headers, and a connection whose head has not arrived
+whole ``LLMGW_WEB_HEAD_TIMEOUT`` seconds after it began (or after the
+connection opened) is closed with 408. Bodies keep their own bounds (the
+gateway's LLMGW_GATEWAY_BODY_TIMEOUT and LLMGW_GATEWAY_MAX_BODY_BYTES).
+
+We keep httptools rather than switch to h11 (whose
+``h11_max_incomplete_event_size`` bounds only the size): the gateway's
+per-request CPU was measured with httptools, and h11 alone bounds neither the
+number of headers nor the time they take.
+
+``llmgw up`` passes this class to uvicorn (``--http web.protocol:HttpProtocol``);
+so must anyone who runs uvicorn directly (docs/production.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+logger = logging.getLogger(__name__)
+
+
+class HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a head already answered."""
+
+
+class HttpProtocol(HttpToolsProtocol):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Read here, not at import: uvicorn imports this class before the app
+        # (and so Django's settings) is loaded.
+        self.max_head_bytes = settings.LLMGW_WEB_MAX_HEAD_BYTES
+        self.max_headers = settings.LLMGW_WEB_MAX_HEADERS
+        self.head_timeout = settings.LLMGW_WEB_HEAD_TIMEOUT
+        self._awaiting_head = True
+        self._head_bytes = 0  # bytes received while the head was unfinished
+        self._head_size = 0  # bytes of request target and headers parsed
+        self._header_count = 0
+        self._head_timer = None
+        self._refused = False
+
+    # --- the head's deadline ------------------------------------------------
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # an answer is still going out; the next head's first byte arms a new deadline
+        if self._awaiting_head and not self.transport.is_closing():
+            self._refuse(408, f"the request head did not arrive within {self.head_timeout:g} s")
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # A connection that sends nothing is a head that never arrives.
+        self._arm_head_timer()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    # --- refusing -----------------------------------------------------------
+
+    def _refuse(self, status: int, message: str) -> None:
+        if self._refused:
+            return
+        self._refused = True
+        self._disarm_head_timer()
+        client = "%s:%d" % self.client if self.client else "?"
+        logger.warning("web request head refused client=%s status=%d: %s", client, status, message)
+        body = message.encode("ascii", "replace")
+        self.transport.write(b"".join([
+            STATUS_LINE[status],
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]))
+        self.transport.close()
+
+    def _too_large(self) -> None:
+        self._refuse(431, f"the request head is larger than {self.max_head_bytes} bytes")
+
+    # --- reading ------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        counting = self._awaiting_head
+        if counting:
+            # The first byte of a head on a kept-alive connection starts its deadline.
+            self._arm_head_timer()
+        try:
+            super().data_received(data)
+        except HeadRefused:  # pragma: no cover - httptools wraps it; kept for other parsers
+            return
+        if self._refused or not counting or not self._awaiting_head:
+            return
+        # Still inside the head after this read: every byte so far was head.
+        self._head_bytes += len(data)
+        if self._head_bytes > self.max_head_bytes:
+            self._too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        # A callback of ours stopped the parser after answering: uvicorn sees
+        # a parser error, but the answer has been given already.
+        if self._refused:
+            return
+        super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._awaiting_head = True
+        self._head_size = self._header_count = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        if self._head_size > self.max_head_bytes:
+            self._too_large()
+            raise HeadRefused
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        self._header_count += 1
+        if self._head_size > self.max_head_bytes:
+            self._too_large()
+            raise HeadRefused
+        if self._header_count > self.max_headers:
+            self._refuse(431, f"the request has more than {self.max_headers} headers")
+            raise HeadRefused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_head = False
+        self._head_bytes = 0
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # The next head's bytes are counted from here; its deadline starts
+        # with its first byte (uvicorn's keep-alive timeout covers the wait).
+        self._awaiting_head = True
+        self._head_bytes = 0
