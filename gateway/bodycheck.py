@@ -15,8 +15,13 @@ This module imports nothing from Django: the parsing processes import it alone.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import multiprocessing
+import os
+import signal
+import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -87,6 +92,40 @@ def encode(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """A parsing process's initializer: it goes when the web process goes.
+
+    A pool worker waits on a queue whose writing end it holds itself, so it
+    never sees the web process die; when that process is killed (SIGKILL, the
+    OOM killer) nothing shuts the pool down and the workers would live on with
+    parent 1. On Linux the kernel sends SIGKILL on the parent's death
+    (PR_SET_PDEATHSIG: strictly, on the death of the thread that started the
+    worker, which is the web process's event loop thread, alive as long as it
+    is); elsewhere a thread watches the parent. Either way, a parent already
+    gone before this ran is noticed by its pid.
+    """
+    armed = False
+    if sys.platform == "linux":
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:
+        os._exit(0)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="watch-parent").start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        threading.Event().wait(1.0)
+    os._exit(0)
+
+
 class Checker:
     """Checks small bodies inline and large ones in a pool of processes
     (started on first use, with ``spawn``: the web process has threads)."""
@@ -101,7 +140,8 @@ class Checker:
             return check(raw, required, streams)
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers,
-                                             mp_context=multiprocessing.get_context("spawn"))
+                                             mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=die_with_parent, initargs=(os.getpid(),))
         return await asyncio.get_running_loop().run_in_executor(self._pool, check, raw, required, streams)
 
     def close(self) -> None:

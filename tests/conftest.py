@@ -8,6 +8,7 @@ started here are real processes bound to 127.0.0.1, reading the test database.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +39,47 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def session_processes() -> dict[int, str]:
+    """pid -> command line of every process running with this test session's
+    mark in its environment (tests/parallel.py sets it; everything a test
+    starts inherits it, however it was started and whoever its parent is now)."""
+    from tests.parallel import SESSION_MARK
+
+    mark = f"{SESSION_MARK}={os.getpid()}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue  # gone meanwhile, a zombie, or not ours to read
+        found[int(entry.name)] = f"pid {entry.name} (parent {ppid}): {argv[:300]}"
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """Every process a test starts is stopped, children included: at the end of
+    the session (after every other fixture has stopped its processes) nothing
+    this session started may still run. What does is killed, and the session
+    fails naming it."""
+    yield
+    deadline = time.monotonic() + 5  # what was just signalled may still be on its way out
+    while (left := session_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, "processes started by the tests were still running at the end of the session:\n  " + (
+        "\n  ".join(left.values()))
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +139,15 @@ def server_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group (a server started with start_new_session leads
+    one); the group lives on while any member does, even once its leader is gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @dataclass
 class Server:
     name: str
@@ -122,14 +173,18 @@ class Server:
         return self
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                kill_group(self.proc.pid)
+                self.proc.wait()
+        # Whatever the server started and left (a worker, a parsing process) goes with its
+        # group, also when the test killed the server itself.
+        kill_group(self.proc.pid)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

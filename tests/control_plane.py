@@ -22,7 +22,7 @@ from django.conf import settings
 
 from agent.protocol import example_heartbeat
 from cli.wait import wait_until  # noqa: F401 - tests import it from here with the helpers
-from tests.conftest import REPO, celery_argv, mtls_client, server_env
+from tests.conftest import REPO, celery_argv, kill_group, mtls_client, server_env
 
 
 def redis_url() -> str:
@@ -77,14 +77,16 @@ class CeleryProcess:
         raise TimeoutError(f"celery {self.kind} not ready after {timeout}s:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                kill_group(self.proc.pid)
+                self.proc.wait()
+        kill_group(self.proc.pid)  # anything it started, also when a test killed it
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
