@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from accounts import roles, services
 from accounts.selectors import user_role
-from nodes.models import Event
+from core.models import Event
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from accounts import roles, services
 from accounts.models import OperatorToken
-from nodes.models import Event
+from core.models import Event
 from tests.conftest import server_env
 from tests.factories import NodeFactory
 
