@@ -32,8 +32,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "accounts": frozenset({"core"}),
     "pki": frozenset({*LOW, "agent.protocol"}),
     "nodes": frozenset({*LOW, "pki", "agent.protocol"}),
-    "replicas": frozenset({*LOW, "pki", "nodes"}),
-    "gateway": frozenset({*LOW, "pki", "nodes", "replicas"}),
+    "replicas": frozenset({*LOW, "pki", "nodes", "agent.protocol"}),
+    "gateway": frozenset({*LOW, "pki", "nodes", "replicas", "agent.protocol"}),
     # agentwheel packages the agent itself: the only app that may import all of it.
     "provisioning": frozenset({*LOW, "pki", "nodes", "agent"}),
     "web": frozenset(LOW),
@@ -50,8 +50,9 @@ PACKAGES = frozenset(MAY_IMPORT) | {"tests", "bench", "tools"}
 # to act through its services and hooks: these modules, and no others (not
 # nodes' heartbeat, inventory, liveness or sweep).
 NODES_SURFACE = frozenset({"nodes.models", "nodes.choices", "nodes.services", "nodes.selectors", "nodes.hooks"})
+# Onboarding checks a node's address as a heartbeat does (nodes.validation).
 NARROWED = {("replicas", "nodes"): NODES_SURFACE, ("gateway", "nodes"): NODES_SURFACE,
-            ("provisioning", "nodes"): NODES_SURFACE}
+            ("provisioning", "nodes"): NODES_SURFACE | {"nodes.validation"}}
 
 # The agent runs on the nodes, without Django.
 AGENT_NEVER = ("django", "rest_framework", "celery", "kombu", "drf_spectacular")

@@ -9,6 +9,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
 
+from accounts.choices import AccountEventKind
 from core import events
 from core.choices import CoreEventKind
 from core.events import event_kinds, event_kinds_register, event_record, events_record
@@ -23,14 +24,15 @@ KINDS_BEFORE = {
     "node.registered": "nodes", "node.status": "nodes", "node.inventory": "nodes",
     "gpu.conflict": "nodes", "gpu.missing": "nodes", "control_plane": "core", "model": "replicas",
     "replica.status": "replicas", "replica.pending": "replicas", "drain": "replicas",
-    "provisioning": "provisioning",
+    "provisioning": "provisioning", "account": "accounts",
 }
 
 
 def test_every_kind_is_registered_by_the_app_that_records_it():
     assert dict(events._kinds) == KINDS_BEFORE
     assert set(event_kinds()) == set(KINDS_BEFORE)
-    owned = {*CoreEventKind.values, *NodeEventKind.values, *ReplicaEventKind.values, *ProvisioningEventKind.values}
+    owned = {*CoreEventKind.values, *NodeEventKind.values, *ReplicaEventKind.values, *ProvisioningEventKind.values,
+             *AccountEventKind.values}
     assert owned == set(KINDS_BEFORE)
 
 
