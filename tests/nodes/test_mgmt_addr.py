@@ -61,7 +61,7 @@ def test_urls_are_built_from_parts():
 
 
 def test_onboarding_refuses_a_mgmt_addr_that_is_not_an_address():
-    from provisioning.onboarding import onboard_request_check
+    from provisioning.onboard.request import onboard_request_check
     from provisioning.validation import RequestInvalid
 
     base = {"node": "onb-a", "addr": "10.0.0.9", "host_key_fingerprint": ""}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from provisioning.onboard_finish import engine_user_command, systemd_quote, unit_text
-from provisioning.onboarding import onboard_request_check
+from provisioning.onboard.enroll import engine_user_command, systemd_quote, unit_text
+from provisioning.onboard.request import onboard_request_check
 from provisioning.validation import RequestInvalid
 
 BASE = {"node": "onb-p", "addr": "10.0.0.9"}
