@@ -30,7 +30,7 @@ def _no_worker(monkeypatch):
 def as_role(client):
     """as_role(role) -> headers of a REST caller with that role's token."""
     def make(role: str) -> dict:
-        user, _ = user_create(username=f"the-{role}", role=role)
+        user, _ = user_create(username=f"the-{role}", role=role, actor="tests")
         return {"HTTP_AUTHORIZATION": f"Token {token_create(user=user).token}"}
     return make
 
@@ -100,7 +100,7 @@ def test_trust_remote_code_is_an_admins_and_an_operator_may_reapply_it_unchanged
 
 
 def test_the_ui_apply_refuses_the_probe_too(client):
-    user, _ = user_create(username="ui-operator", role=roles.OPERATOR)
+    user, _ = user_create(username="ui-operator", role=roles.OPERATOR, actor="tests")
     client.force_login(user)
     text = ("models:\n  - name: probe\n    engine: vllm\n    model: /models/probe\n    env:\n"
             "      PYTHONWARNINGS: all::antigravity.x\n"

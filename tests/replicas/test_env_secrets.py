@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 TOKEN = "hf_REALsecretVALUE123"
 ENTRY = {"name": "m", "engine": "sim", "weights": "/models/m", "nodes": 1, "gpus_per_node": 1, "replicas": 1,
-         "env": {"HF_TOKEN": TOKEN, "LOG_LEVEL": "debug"}}
+         "env": {"HF_TOKEN": TOKEN, "VLLM_LOGGING_LEVEL": "DEBUG"}}
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_secret_env_values_are_masked_for_viewers_and_reach_the_engines(users, c
     for answer in answers:
         assert answer.status_code == 200
         assert TOKEN not in answer.content.decode()
-    assert answers[1].json()["env"] == {"HF_TOKEN": MASK, "LOG_LEVEL": "debug"}
+    assert answers[1].json()["env"] == {"HF_TOKEN": MASK, "VLLM_LOGGING_LEVEL": "DEBUG"}
     member = answers[2].json()[0]["members"][0]
     assert member["env"]["HF_TOKEN"] == MASK
     client.force_login(viewer[0])
@@ -75,7 +75,7 @@ def test_applying_the_masked_value_back_keeps_the_secret(users):
     # A PATCH of another field, and a new value, behave as expected.
     assert operator.patch("/api/v1/models/m/", {"replicas": 0}, format="json").status_code == 200
     assert CatalogEntry.objects.get(name="m").env["HF_TOKEN"] == TOKEN
-    new_env = {"HF_TOKEN": "hf_new", "LOG_LEVEL": "debug"}
+    new_env = {"HF_TOKEN": "hf_new", "VLLM_LOGGING_LEVEL": "DEBUG"}
     assert operator.post("/api/v1/catalog/apply/", {"models": [{**ENTRY, "env": new_env}]},
                          format="json").status_code == 200
     assert CatalogEntry.objects.get(name="m").env["HF_TOKEN"] == "hf_new"
