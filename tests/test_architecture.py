@@ -203,3 +203,22 @@ def test_a_wrong_import_fails_the_check():
     assert not _allowed("agent", "core")
     assert _allowed("replicas", "nodes.models")
     assert _allowed("replicas", "core.events")
+
+
+def test_the_table_has_no_cycle():
+    """No two packages may import each other, directly or around a circle
+    (accounts and nodes did: accounts.services imported nodes.exceptions)."""
+    tops = {p: {m.split(".")[0] for m in allowed} for p, allowed in MAY_IMPORT.items()}
+    state: dict[str, str] = {}
+
+    def visit(package: str, path: list[str]) -> None:
+        state[package] = "open"
+        for nxt in sorted(tops.get(package, ())):
+            assert state.get(nxt) != "open", f"a cycle in MAY_IMPORT: {' -> '.join([*path, nxt])}"
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[package] = "done"
+
+    for package in sorted(tops):
+        if package not in state:
+            visit(package, [package])
