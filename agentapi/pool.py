@@ -75,14 +75,15 @@ class ConnectionPool:
             conn = self._next(slot)
             if conn is _STOP:
                 return
-            done: Future = Future()
             try:
                 result = worker.handle(conn)
             except BaseException as exc:  # noqa: BLE001 - finish_request closes the connection
+                done = Future()
                 done.set_exception(exc)
             else:
                 if result is True and worker.keep_alive_here(conn):
                     continue
+                done = Future()  # only here, off the kept-alive path: it costs a Condition
                 done.set_result(result)
             worker.method_queue.defer(worker.finish_request, conn, done)
 
