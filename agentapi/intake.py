@@ -106,7 +106,7 @@ class Intake:
         buf.clear()
         conn.framing.reset()
         conn.data_ready = True
-        self.worker.dispatch(conn)
+        self.worker.tpool.put(conn)
 
     def _wait(self, conn: VerifiedConn, deadline: float) -> None:
         if conn not in self.reading:

@@ -114,7 +114,7 @@ class AgentApiParkingWorker(AgentApiWorker):
         conn.resume_req = req
         conn.data_ready = True
         # The request was read whole before it was parked: straight to a thread.
-        self.dispatch(conn)
+        self.tpool.put(conn)
 
     def _parked_readable(self, conn, _fileobj) -> None:
         self._unpark(conn)

@@ -1,84 +1,99 @@
-"""The threads that answer the agent API's requests (gthread's
-``get_thread_pool`` hook, which expects an executor).
+"""The threads that answer the agent API's requests.
 
-A ``concurrent.futures`` executor whose idle threads form a stack: the
-thread that went idle last takes the next request. At a few requests in
-flight, the same few threads then do all the work with their state still in
-the CPU's caches while the rest wait for a burst; ``ThreadPoolExecutor``'s
-shared queue wakes them in turn, which cost about a quarter more CPU per
-request over sixteen threads (bench/heartbeats.py).
+What gthread's ThreadPoolExecutor did, without the Future, Condition and
+callbacks it built for every request: connections go to a thread over a lock
+per thread. A connection kept alive goes back to the poller from the thread
+that answered (``AgentApiWorker.keep_alive_here``); only the others (closed,
+parked, failed) come back to the main loop, through the worker's method
+queue, with their result in a completed ``Future`` as gthread's
+``finish_request`` expects.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .worker import AgentApiWorker
 
 
-class _Slot:
-    __slots__ = ("wake", "job")
+class _PoolSlot:
+    __slots__ = ("wake", "conn")
 
     def __init__(self) -> None:
         self.wake = threading.Lock()
-        self.wake.acquire()  # released by submit() when it hands this thread a job
-        self.job = None
+        self.wake.acquire()  # released by put() when it hands this thread a connection
+        self.conn = None
 
 
 _STOP = object()
 
 
-class StackPool(Executor):
-    def __init__(self, threads: int, *, name: str = "agent-api") -> None:
+class ConnectionPool:
+    """Threads taking connections from the main loop and handing them back.
+
+    The thread that went idle last takes the next connection (a stack, not a
+    queue): at a few requests in flight, the same few threads do all the
+    work with their state still in the CPU's caches, while the rest wait for
+    a burst. Round-robin over sixteen threads cost a quarter more CPU per
+    request (bench/heartbeats.py).
+    """
+
+    def __init__(self, worker: AgentApiWorker, threads: int) -> None:
+        self._worker = worker
         self._lock = threading.Lock()
         self._backlog: deque = deque()
-        self._idle: list[_Slot] = []
-        self._slots = [_Slot() for _ in range(threads)]
+        self._idle: list[_PoolSlot] = []
+        self._slots = [_PoolSlot() for _ in range(threads)]
         for i, slot in enumerate(self._slots):
-            threading.Thread(target=self._serve, args=(slot,), name=f"{name}-{i}", daemon=True).start()
+            threading.Thread(target=self._serve, args=(slot,), name=f"agent-api-{i}", daemon=True).start()
 
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        future: Future = Future()
-        job = (future, fn, args, kwargs)
+    def put(self, conn) -> None:
         with self._lock:
-            if not self._idle:
-                self._backlog.append(job)
-                return future
-            slot = self._idle.pop()
-        slot.job = job
-        slot.wake.release()
-        return future
+            if self._idle:
+                slot = self._idle.pop()
+                slot.conn = conn
+                slot.wake.release()
+                return
+            self._backlog.append(conn)
 
-    def _next(self, slot: _Slot):
+    def _next(self, slot: _PoolSlot):
         with self._lock:
             if self._backlog:
                 return self._backlog.popleft()
             self._idle.append(slot)
         slot.wake.acquire()
-        job, slot.job = slot.job, None
-        return job
+        conn, slot.conn = slot.conn, None
+        return conn
 
-    def _serve(self, slot: _Slot) -> None:
+    def _serve(self, slot: _PoolSlot) -> None:
+        worker = self._worker
         while True:
-            job = self._next(slot)
-            if job is _STOP:
+            conn = self._next(slot)
+            if conn is _STOP:
                 return
-            future, fn, args, kwargs = job
-            if not future.set_running_or_notify_cancel():
-                continue
             try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the future, as ThreadPoolExecutor does
-                future.set_exception(exc)
+                result = worker.handle(conn)
+            except BaseException as exc:  # noqa: BLE001 - finish_request closes the connection
+                done = Future()
+                done.set_exception(exc)
             else:
-                future.set_result(result)
+                if result is True and worker.keep_alive_here(conn):
+                    continue
+                done = Future()  # only here, off the kept-alive path: it costs a Condition
+                done.set_result(result)
+            worker.method_queue.defer(worker.finish_request, conn, done)
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Threads finish what they hold and stop (gthread asks for ``wait=False``)."""
+    def shutdown(self, wait: bool = False) -> None:
+        """As ``ThreadPoolExecutor.shutdown``, which gthread calls: threads
+        finish what they hold and stop; ``wait`` is not honoured (gthread
+        never asks for it)."""
         with self._lock:
             self._backlog.extend(_STOP for _ in self._slots)
             idle, self._idle = self._idle, []
-            handed = [(slot, self._backlog.popleft()) for slot in idle]
-        for slot, job in handed:
-            slot.job = job
+        for slot in idle:
+            slot.conn = self._backlog.popleft()
             slot.wake.release()

@@ -1,25 +1,26 @@
 """The agent API's TLS listener: gunicorn's gthread worker, hardened.
 
-gunicorn is the one maintained server that hands the verified client
-certificate to the application (``request.META["gunicorn.socket"]``), so it
-serves the agent API. Its gthread worker, as shipped, wraps and handshakes
-each new connection in a pool thread with no timeout, then reads the request
-there: a port scanner, a client sending a byte every few seconds or a
-thousand agents reconnecting at once can hold every thread while real
-heartbeats wait.
+gunicorn is the one server that hands the verified client certificate to the
+application (``request.META["gunicorn.socket"]``), so it serves the agent API.
+Its gthread worker, as shipped, wraps and handshakes each new connection in a
+pool thread with no timeout: a port scanner, a stalled agent or a thousand
+agents reconnecting at once can hold every thread while real heartbeats wait.
 
 This worker does the TLS handshake in the main loop, non-blocking, under a
 deadline (``LLMGW_AGENT_HANDSHAKE_TIMEOUT``); refuses there a revoked
 certificate, or one that already holds its share of connections
 (``peers.py``); reads each request whole in the main loop, under a deadline
-(``intake.py``); and only then hands the connection to gthread's own path
-(``enqueue_req``: a pool thread parses and answers from the bytes already
-read, and gives the connection back to the main loop). The SSL context is
-built once per worker rather than once per connection, and the pool's idle
-threads form a stack (``pool.py``).
+(``intake.py``); and only then hands the connection to a thread, which never
+waits on the client to read. The SSL context is built once per worker rather
+than once per connection.
 
-What it overrides of gthread is listed, with the gunicorn code that calls
-each override, in tests/agentapi/test_gunicorn_contract.py.
+Every agent heartbeats through here, thousands of times a second on two
+cores, so the per-request machinery is trimmed too (bench/heartbeats.py
+measures it): a whole response goes out as one TLS record with its length
+rather than chunked in three (``response.py``), and the thread pool hands
+connections over a plain queue instead of a Future, a Condition and a
+callback list per request (``pool.py``); a connection kept alive goes back
+to the poller from the thread that answered it.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ import gc
 import logging
 import selectors
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from functools import partial
 
 from django.conf import settings
 from gunicorn import http, util
 from gunicorn import sock as gsock
+from gunicorn.http import wsgi
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from nodes import liveness
@@ -47,7 +51,8 @@ from .background import release_database_connection
 from .framing import Framing
 from .intake import Intake
 from .peers import PeerGate, keep_fresh
-from .pool import StackPool
+from .pool import ConnectionPool
+from .response import OneWriteResponse
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +150,8 @@ class AgentApiWorker(ThreadWorker):
             self._notified_at = now
             super().notify()
 
-    def get_thread_pool(self) -> StackPool:
-        return StackPool(self.cfg.threads)
+    def get_thread_pool(self) -> ConnectionPool:
+        return ConnectionPool(self, self.cfg.threads)
 
     def run(self) -> None:
         self.handshake_timeout = settings.LLMGW_AGENT_HANDSHAKE_TIMEOUT
@@ -181,12 +186,93 @@ class AgentApiWorker(ThreadWorker):
     def enqueue_req(self, conn) -> None:
         """Every connection gunicorn would hand to a thread (readable after the
         handshake, kept alive, or with bytes left over) is read here first;
-        ``intake`` hands it on (``dispatch``) once its request is whole."""
+        ``intake`` hands it on once its request is whole."""
         self.intake.read(conn)
 
-    def dispatch(self, conn) -> None:
-        """A whole request, already read: to a pool thread, as gthread does."""
-        super().enqueue_req(conn)
+    def keep_alive_here(self, conn) -> bool:
+        """In the pool thread that answered: wait for the connection's next
+        request on the poller from here, as ``finish_request`` would in the
+        main loop, sparing the main loop a wake-up per request (the epoll
+        registration is thread-safe; the deque's appends are atomic).
+
+        Only the plain case: anything else (a parked long-poll, bytes already
+        buffered, a worker shutting down) goes to ``finish_request``.
+        """
+        if not self.alive or getattr(conn, "park", None) is not None or conn.parser.unreader.buf.getvalue():
+            return False
+        try:
+            conn.sock.setblocking(False)
+            conn.set_timeout()
+            self.keepalived_conns.append(conn)
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn))
+        except Exception:  # noqa: BLE001 - let finish_request deal with it in the main loop
+            try:
+                self.keepalived_conns.remove(conn)
+            except ValueError:
+                pass
+            return False
+        return True
+
+    def _cap_keepalive(self, deadline: float) -> None:
+        # Pool threads may still append while the worker stops: walk a copy.
+        for conn in list(self.keepalived_conns):
+            conn.timeout = min(conn.timeout, deadline)
+
+    def handle_request(self, req, conn) -> bool:
+        """gthread's ``handle_request`` with ``OneWriteResponse``, and a
+        non-streaming body sent whole with its length."""
+        environ: dict = {}
+        resp = None
+        try:
+            self.cfg.pre_request(self, req)
+            request_start = datetime.now()
+            resp, environ = wsgi.create(
+                req, conn.sock, conn.client, conn.server, self.cfg, response_class=OneWriteResponse
+            )
+            environ["wsgi.multithread"] = True
+            self.nr += 1
+            if self.nr >= self.max_requests:
+                if self.alive:
+                    self.log.info("Autorestarting worker after current request.")
+                    self.alive = False
+                resp.force_close()
+            if not self.alive or not self.cfg.keepalive:
+                resp.force_close()
+            elif len(self.keepalived_conns) >= self.max_keepalived:
+                resp.force_close()
+
+            respiter = self.wsgi(environ, resp.start_response)
+            try:
+                if isinstance(respiter, environ["wsgi.file_wrapper"]):
+                    resp.write_file(respiter)
+                elif isinstance(respiter, list) or getattr(respiter, "streaming", True) is False:
+                    # A list, or a Django HttpResponse (not a StreamingHttpResponse).
+                    resp.write_whole(b"".join(respiter))
+                else:
+                    for item in respiter:
+                        resp.write(item)
+                resp.close()
+            finally:
+                self.log.access(resp, req, environ, datetime.now() - request_start)
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                return False
+        except OSError:
+            util.reraise(*sys.exc_info())
+        except (Exception, SystemExit):
+            if resp and resp.headers_sent and not resp.held_head:
+                # Bytes of this response are on the wire: a 500 now would corrupt it.
+                self.log.exception("Error handling request")
+                util.close_graceful(conn.sock)
+                raise StopIteration()
+            raise
+        finally:
+            try:
+                self.cfg.post_request(self, req, environ, resp)
+            except Exception:  # noqa: BLE001 - as gthread: a hook's failure is logged, not served
+                self.log.exception("Exception in post_request hook")
+        return True
 
     # --- accepting and handshaking ----------------------------------------------
 

@@ -42,6 +42,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle", type=int, default=64, help="idle TCP connections in the last phase; 0 skips it (64)")
     p.add_argument("--slow", type=int, default=64,
                    help="slow-loris mTLS connections with one node's certificate in a last phase; 0 skips it (64)")
+    p.add_argument("--server", choices=["gunicorn", "uvicorn-wsgi", "uvicorn-asgi"], default="gunicorn",
+                   help="the agent API as llmgw runs it (gunicorn), or a candidate measured against it "
+                   "(bench/_uvicorn_candidate.py: no hostile-client guards, no long-poll parking)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="threads per worker (gunicorn_argv's default)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs in each node's inventory (8)")
@@ -478,8 +482,16 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"threads": args.threads} if args.threads else {}
         argv = gunicorn_argv(host=args.host, port=port, certfile=str(pki / SERVER_CERT),
                              keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=args.workers, **extra)
+        if args.server != "gunicorn":
+            argv = [sys.executable, "-m", "uvicorn", f"_uvicorn_candidate:app_{args.server.split('-')[1]}",
+                    "--app-dir", str(Path(__file__).resolve().parent), "--host", args.host, "--port", str(port),
+                    "--workers", str(args.workers), "--ssl-certfile", str(pki / SERVER_CERT),
+                    "--ssl-keyfile", str(pki / SERVER_KEY), "--ssl-ca-certs", str(pki / CA_CERT),
+                    "--ssl-cert-reqs", str(int(ssl.CERT_REQUIRED)), "--http", "_uvicorn_candidate:PeerProtocol",
+                    "--loop", "uvloop", "--timeout-keep-alive", "75", "--no-access-log", "--log-level", "warning",
+                    "--lifespan", "off"]
         server, workers = _server_start(argv, args, port, log_path)
-        print(f"  agent API on {args.host}:{port}: gunicorn master {server.pid}, workers {workers}; "
+        print(f"  agent API on {args.host}:{port} ({args.server}): master {server.pid}, workers {workers}; "
               f"log {log_path}")
 
         import psycopg
@@ -538,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         best = {kind: _best(rs, paced=kind.endswith(("paced", "idle", "slow"))) for kind, rs in rows.items()}
         print()
         print(f"Summary (best of {args.rounds} round{'s' if args.rounds > 1 else ''}; load generator: one process, "
-              f"{loop_name}; server: {args.workers} gunicorn workers)")
+              f"{loop_name}; server: {args.workers} {args.server} workers)")
         print(HEADER)
         print(UNITS)
         for kind in ("connect", "register", "heartbeat paced", "ping paced", "heartbeat closed", "ping closed",

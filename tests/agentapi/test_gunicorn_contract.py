@@ -1,16 +1,15 @@
-"""The gunicorn methods the agent API's worker class overrides or calls,
-checked against the gunicorn installed (the version pinned in
+"""The gunicorn internals the agent API's worker class overrides or reaches
+into, checked against the gunicorn installed (the version pinned in
 requirements.txt).
 
-agentapi/ subclasses gthread's ThreadWorker and TConn: it handshakes and
-reads each request in the event loop before gthread's ``enqueue_req`` hands
-the connection to a thread, fills the parser's buffer with that request, and
-parks long-polls between gthread's ``handle_request`` and ``finish_request``.
-Nothing of gthread is copied, but none of these methods is gunicorn's public
-API either: an upgrade may rename one (ours would then never be called),
-change its arguments (ours would then be called wrongly), or drop an
-attribute. Each test here fails with the name of what changed; read the new
-gunicorn's gthread.py and bring agentapi/ in line before moving the pin.
+agentapi/ subclasses gthread's ThreadWorker, TConn and wsgi.Response,
+replaces the ThreadPoolExecutor gthread hands connections to, reads each
+request in the event loop before gthread's ``handle`` sees it, and fills the
+parser's buffer with it. None of that is gunicorn's public API: a gunicorn upgrade may
+rename a method (ours would then never be called), change its arguments
+(ours would then be called wrongly), or drop an attribute. Each test here
+fails with the name of what changed; read the new gunicorn's gthread.py and
+http/wsgi.py, and bring agentapi/ in line before moving the pin.
 """
 
 from __future__ import annotations
@@ -25,26 +24,31 @@ import pytest
 from gunicorn import http, util
 from gunicorn import sock as gsock
 from gunicorn.config import Config
+from gunicorn.http import wsgi
 from gunicorn.workers import base as gbase
 from gunicorn.workers import gthread
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from agentapi.parking import AgentApiParkingWorker
-from agentapi.pool import StackPool
+from agentapi.pool import ConnectionPool
+from agentapi.response import OneWriteResponse
 from agentapi.worker import AgentApiWorker, VerifiedConn
 
 # Every method of ours that replaces one of gunicorn's, by class.
 OVERRIDES = {
-    AgentApiWorker: ["__init__", "notify", "get_thread_pool", "run", "enqueue_req", "accept", "murder_pending"],
+    AgentApiWorker: ["__init__", "notify", "get_thread_pool", "run", "enqueue_req", "handle_request",
+                     "_cap_keepalive", "accept", "murder_pending"],
     AgentApiParkingWorker: ["__init__", "run", "handle", "handle_request", "finish_request", "murder_pending"],
     VerifiedConn: ["__init__", "init", "set_timeout", "close"],
+    OneWriteResponse: ["__init__", "send_headers", "_emit_body", "close"],
 }
 
 # Methods of gunicorn's that ours call without overriding them, by class.
 CALLED = {
-    ThreadWorker: ["enqueue_req", "handle", "handle_request", "finish_request", "_keepalive_after",
+    ThreadWorker: ["handle", "handle_request", "finish_request", "_keepalive_after", "on_client_socket_readable",
                    "on_pending_socket_readable", "murder_pending", "notify", "run"],
     TConn: ["__init__"],
+    wsgi.Response: ["default_headers", "write", "write_file", "should_close", "force_close", "start_response"],
 }
 
 # The gunicorn code that must still call each hook of ours, or it is dead.
@@ -53,11 +57,15 @@ HOOK_CALLERS = {
     "get_thread_pool": ThreadWorker.init_process,
     "enqueue_req": ThreadWorker.on_client_socket_readable,
     "handle_request": ThreadWorker.handle,
+    "_cap_keepalive": ThreadWorker.run,
     "murder_pending": ThreadWorker.run,
     "finish_request": ThreadWorker.enqueue_req,
     "handle": ThreadWorker.enqueue_req,
     "init": ThreadWorker.handle,
     "set_timeout": ThreadWorker.finish_request,
+    "_emit_body": wsgi.Response.write,
+    "send_headers": wsgi.Response.write,
+    "close": ThreadWorker.handle_request,
 }
 
 
@@ -136,11 +144,13 @@ def test_the_signatures_we_call_gunicorns_methods_with():
     bind(ThreadWorker._keepalive_after, "self", "conn", True)
     bind(ThreadWorker.on_client_socket_readable, "self", "conn", "client")
     bind(ThreadWorker.on_pending_socket_readable, "self", "conn", "client")
-    bind(ThreadWorker.enqueue_req, "self", "conn")
     bind(TConn, "cfg", "sock", "client", "server")
+    bind(wsgi.create, "req", "sock", "client", "server", "cfg", response_class=OneWriteResponse)
+    bind(wsgi.Response, "req", "sock", "cfg")
     bind(http.get_parser, "cfg", "sock", "client")
     bind(gsock.ssl_context, "cfg")
-    bind(util.close, "sock")
+    bind(util.close_graceful, "sock")
+    bind(util.reraise, None, None, None)
 
 
 @pytest.mark.parametrize("hook", sorted(HOOK_CALLERS))
@@ -150,39 +160,39 @@ def test_gunicorn_still_calls_each_hook_we_override(hook):
 
 
 def test_the_thread_pool_is_used_only_as_our_pool_allows():
-    """gthread's ``get_thread_pool`` hook returns an executor: ours is one
-    (``StackPool``), used for what gthread calls on it, and a job's result
-    reaches ``finish_request`` through a real Future."""
+    """gthread hands connections to ``self.tpool``; ours replaces it (and
+    ``enqueue_req``, the one place gthread submits work)."""
     uses = {
         name: _calls_on(function, "self.tpool")
         for name, function in vars(ThreadWorker).items()
         if inspect.isfunction(function) and _calls_on(function, "self.tpool")
     }
     assert uses == {"enqueue_req": {"submit"}, "handle_quit": {"shutdown"}, "run": {"shutdown"}}, uses
-    assert "fs.add_done_callback" in inspect.getsource(ThreadWorker.enqueue_req)
-    assert _calls_on(ThreadWorker.finish_request, "fs") <= set(vars(Future)), "finish_request reads more of fs"
-    assert set(_shape(StackPool.shutdown)) == set(_shape(ThreadPoolExecutor.shutdown))
-    pool = StackPool(2, name="contract")
-    try:
-        assert pool.submit(lambda a, *, b: a + b, 1, b=2).result(timeout=5) == 3
-        failed = pool.submit(lambda: 1 / 0)
-        assert isinstance(failed.exception(timeout=5), ZeroDivisionError)
-    finally:
-        pool.shutdown(wait=False)
+    assert "enqueue_req" in vars(AgentApiWorker)
+    assert set(_shape(ConnectionPool.shutdown)[1:]) <= set(_shape(ThreadPoolExecutor.shutdown)[1:]) | {
+        ("wait", inspect.Parameter.POSITIONAL_OR_KEYWORD, False)
+    }
+
+
+def test_finish_request_is_handed_a_real_future():
+    read = _calls_on(ThreadWorker.finish_request, "fs")
+    assert read <= set(vars(Future)), read
+    assert "Future()" in inspect.getsource(ConnectionPool._serve)
 
 
 def test_worker_attributes_we_read_exist_on_a_real_thread_worker(tmp_path):
     cfg = Config()
     cfg.set("worker_tmp_dir", str(tmp_path))
     worker = ThreadWorker(0, 0, [], None, 30, cfg, None)
-    for name in ("cfg", "alive", "log", "tpool", "method_queue", "pending_conns", "nr_conns"):
+    for name in ("cfg", "nr", "max_requests", "alive", "log", "tpool", "method_queue", "keepalived_conns",
+                 "pending_conns", "nr_conns", "max_keepalived"):
         assert hasattr(worker, name), f"ThreadWorker has no attribute {name!r}"
     assert callable(worker.method_queue.defer)
-    assert inspect.signature(gthread.PollableMethodQueue.defer).bind("self", "callback", "node")
-    # The poller is set when the worker starts.
+    assert inspect.signature(gthread.PollableMethodQueue.defer).bind("self", "callback", "conn", "fs")
+    # poller and wsgi are set when the worker starts (init_process, load_wsgi).
     assert "self.poller = " in inspect.getsource(ThreadWorker.init_process)
     assert "self.wsgi = " in inspect.getsource(gbase.Worker.load_wsgi)
-    for name in ("threads", "suppress_ragged_eofs"):
+    for name in ("keepalive", "threads", "suppress_ragged_eofs", "pre_request", "post_request"):
         assert hasattr(cfg, name), f"gunicorn's Config has no {name!r}"
 
 
@@ -257,3 +267,47 @@ def test_gunicorn_closes_connections_through_conn_close():
     for caller in (ThreadWorker.murder_keepalived, ThreadWorker.murder_pending):
         assert "close" in _calls_on(caller, "conn"), caller.__qualname__
     assert _shape(TConn.close) == _shape(VerifiedConn.close)
+
+
+class _Sends:
+    """A socket that records what is sent, send by send."""
+
+    def __init__(self) -> None:
+        self.sends: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.sends.append(bytes(data))
+
+    send = sendall
+
+
+def _response(cfg: Config) -> tuple[OneWriteResponse, _Sends]:
+    server, client = socket.socketpair()
+    try:
+        client.sendall(b"GET /agent/v1/ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        req = next(http.get_parser(cfg, server, ("127.0.0.1", 40000)))
+    finally:
+        server.close()
+        client.close()
+    sock = _Sends()
+    return OneWriteResponse(req, sock, cfg), sock
+
+
+def test_one_write_response_goes_out_in_one_send_through_gunicorns_write():
+    cfg = Config()
+    resp, sock = _response(cfg)
+    resp.start_response("200 OK", [("Content-Type", "application/json")])
+    resp.write_whole(b'{"ok": true}')
+    resp.close()
+    assert len(sock.sends) == 1, sock.sends
+    head, _, body = sock.sends[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: 12" in head
+    assert body == b'{"ok": true}'
+
+    streamed, sock = _response(cfg)
+    streamed.start_response("200 OK", [("Content-Type", "text/plain")])
+    streamed.write(b"hello")
+    streamed.close()
+    assert len(sock.sends) == 2, sock.sends  # headers with the first chunk, then the last chunk
+    assert b"Transfer-Encoding: chunked" in sock.sends[0] and sock.sends[0].endswith(b"\r\n5\r\nhello\r\n")
+    assert sock.sends[1] == b"0\r\n\r\n"
