@@ -22,6 +22,10 @@ def register(ctl_sub) -> None:
     set_role.add_argument("name")
     set_role.add_argument("role", choices=ROLES)
     set_role.set_defaults(func=_set_role)
+    superuser = users_sub.add_parser("set-superuser", help="make a user superuser, or no longer (superusers only)")
+    superuser.add_argument("name")
+    superuser.add_argument("--revoke", action="store_true", help="take superuser back")
+    superuser.set_defaults(func=_set_superuser)
     listing = users_sub.add_parser("list", help="users and their roles")
     output_flag(listing)
     listing.set_defaults(func=_list)
@@ -47,6 +51,12 @@ def _add(args) -> int:
 def _set_role(args) -> int:
     user = api_call("POST", f"/api/v1/users/{args.name}/set-role/", json={"role": args.role})
     print(f"user {user['username']} is now {user['role']}")
+    return 0
+
+
+def _set_superuser(args) -> int:
+    user = api_call("POST", f"/api/v1/users/{args.name}/set-superuser/", json={"superuser": not args.revoke})
+    print(f"user {user['username']} is {'now' if user['is_superuser'] else 'no longer'} superuser")
     return 0
 
 

@@ -44,6 +44,10 @@ def test_users_add_list_set_role(ctl_env, tmp_path):
     assert "bob is now admin" in run("users", "set-role", "bob", "admin", env=ctl_env).stdout
     bob = get_user_model().objects.get(username="bob")
     assert user_role(bob) == "admin" and bob.is_staff
+    assert "bob is now superuser" in run("users", "set-superuser", "bob", env=ctl_env).stdout
+    assert "bob is no longer superuser" in run("users", "set-superuser", "bob", "--revoke", env=ctl_env).stdout
+    bob.refresh_from_db()
+    assert not bob.is_superuser and bob.is_staff  # still an admin: staff stays
 
     again = run("users", "add", "alice", "--role", "viewer", env=ctl_env, rc=1)
     assert "400" in again.stderr and "exists already" in again.stderr
@@ -61,5 +65,6 @@ def test_an_operator_cannot_add_users(ctl_env):
     refused = run("users", "add", "mallory", "--role", "admin", env=env, rc=1)
     assert "403" in refused.stderr and "auth.add_user" in refused.stderr
     assert "403" in run("users", "set-role", "op", "admin", env=env, rc=1).stderr
+    assert "403" in run("users", "set-superuser", "op", env=env, rc=1).stderr
     assert not get_user_model().objects.filter(username="mallory").exists()
     assert user_role(get_user_model().objects.get(username="op")) == "operator"
