@@ -16,15 +16,17 @@ DEV_STAMP := $(VENV)/.installed-dev
 STAMP := $(DEV_STAMP)
 
 # What `make test` runs, and what README.md and docs/development.md show
-# (tests/test_docs.py checks that they agree). The suite creates and drops
-# test_<database> and empties that Redis database.
+# (tests/test_docs.py checks that they agree). The suite runs in TEST_WORKERS
+# pytest-xdist workers; worker N creates and drops test_<database>_gwN and
+# empties Redis database <that of TEST_REDIS_URL> - N (tests/parallel.py).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/llmgw
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+TEST_WORKERS ?= 4
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
 	CELERY_BROKER_URL=$(TEST_REDIS_URL) \
 	LLMGW_REDIS_URL=$(TEST_REDIS_URL) \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
-TEST_CMD := $(TEST_ENV) $(PY) -m pytest
+TEST_CMD := $(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS)
 
 .PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats agent-wheel bench-onboard clean
 # A bare `make` only prepares .venv (the files in mk/ define targets first).
@@ -64,7 +66,7 @@ test-deps:
 services:
 	bash scripts/services.sh
 
-# `make test PYTEST_ARGS="-k outage -x"` narrows the run.
+# `make test PYTEST_ARGS="-k outage -x"` narrows the run; TEST_WORKERS=0 runs it in one process.
 test: $(DEV_STAMP) test-deps services
 	$(TEST_CMD) $(PYTEST_ARGS)
 

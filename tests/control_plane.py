@@ -56,6 +56,7 @@ class CeleryProcess:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    terminated: bool = False
 
     def start(self) -> "CeleryProcess":
         handle = open(self.log_path, "ab")
@@ -76,11 +77,17 @@ class CeleryProcess:
             time.sleep(0.1)
         raise TimeoutError(f"celery {self.kind} not ready after {timeout}s:\n{self.log()}")
 
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one may cut a warm shutdown short."""
+        if self.proc is not None and not self.terminated:
+            self.terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -114,6 +121,10 @@ def celery_factory(pki_dir, transactional_db, tmp_path):
         return proc.start()
 
     yield start
+    # All at once: a worker's warm shutdown and beat's take seconds each.
+    for proc in procs:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.terminate()
     for proc in procs:
         proc.stop()
 

@@ -94,11 +94,15 @@ def _expand(value: str, values: dict[str, str]) -> str:
 def test_the_documented_test_command_is_the_makefiles():
     values = _makefile_vars()
     values["CURDIR"] = "$PWD"
-    assert _expand("$(TEST_CMD)", values).split()[-3:] == [".venv/bin/python", "-m", "pytest"]
     assignments = _expand(values["TEST_ENV"], values).split()
     assert [a.split("=", 1)[0] for a in assignments] == [
         "DATABASE_URL", "CELERY_BROKER_URL", "LLMGW_REDIS_URL", "LLMGW_DATA_DIR",
     ]
-    block = "".join(f"{a} \\\n" for a in assignments) + "  .venv/bin/python -m pytest\n"
+    command = _expand("$(TEST_CMD)", values).split()
+    assert command[:len(assignments)] == assignments
+    pytest_argv = command[len(assignments):]
+    assert pytest_argv[:3] == [".venv/bin/python", "-m", "pytest"]
+    assert pytest_argv[3:5] == ["-n", values["TEST_WORKERS"]], "the suite runs in parallel (docs/development.md)"
+    block = "".join(f"{a} \\\n" for a in assignments) + "  " + " ".join(pytest_argv) + "\n"
     for page in (REPO / "README.md", REPO / "docs" / "development.md"):
         assert block in page.read_text(), f"{page.relative_to(REPO)} does not show the Makefile's test command:\n{block}"

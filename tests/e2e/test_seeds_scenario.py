@@ -2,7 +2,9 @@
 model with two replicas, node02 killed, the ib-a replica rebuilt on ib-b."""
 
 import json
+import os
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -13,16 +15,28 @@ from nodes.models import Node
 from replicas.catalog import catalog_apply
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, Replica
+from tests.conftest import session_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def listening_addresses() -> set[tuple[str, int]]:
-    """(address, port) of every listening TCP socket on the machine."""
+    """(address, port) of every listening TCP socket of a process this test
+    session started: another session (a parallel worker, another checkout's
+    tests) may run simulated nodes on the same addresses."""
+    ours = set()
+    for pid in session_processes():
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    ours.add(target[8:-1])
+        except OSError:
+            continue  # gone meanwhile
     found = set()
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         fields = line.split()
-        if fields[3] != "0A":  # LISTEN
+        if fields[3] != "0A" or fields[9] not in ours:  # LISTEN, by one of ours
             continue
         hex_addr, hex_port = fields[1].split(":")
         raw = bytes.fromhex(hex_addr)[::-1]
