@@ -66,11 +66,10 @@ def main() -> int:
     replicas = _pending_replicas(args.scale)
 
     from replicas import scheduling
-    from replicas import tasks
+    from replicas import enqueue
 
     # No worker in this benchmark: what is measured is placement itself.
-    tasks.replicas_reconcile.delay = lambda *a, **k: None
-    tasks.replicas_reconcile.apply_async = lambda *a, **k: None
+    enqueue.reconcile_request = lambda **kw: None
     timings: list[float] = []
     persist = scheduling.placements_persist
 

@@ -153,10 +153,10 @@ def test_never_more_moves_at_once_than_the_setting(seeds_cluster, settings):  # 
 
 def test_gpus_freed_by_a_stopped_replica_trigger_a_reconcile(demo, monkeypatch, django_capture_on_commit_callbacks):
     """Capacity changed: the pending replicas are placed, or their reasons written again, at once."""
-    from replicas import tasks
+    from replicas import enqueue
 
     asked = []
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda: asked.append("now"))
+    monkeypatch.setattr(enqueue, "reconcile_request", lambda **kw: asked.append(kw))
     qwen = Replica.objects.filter(model__name="qwen-7b-sim").first()
     services.replica_transition(replica_id=qwen.pk, to=ReplicaStatus.STOPPING, reason="test")
     with django_capture_on_commit_callbacks(execute=True):
