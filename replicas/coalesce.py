@@ -251,6 +251,9 @@ def reconcile_passes(*, gate: Gate, run: Callable[[], None], owe: bool) -> int:
             if not gate.lock.try_acquire():
                 # The holder runs what is owed, if it can read the marks (or this raises).
                 _marks(gate.marks.owed)
+                if not passes:
+                    # At most once per pass (the queued mark), so worth a line.
+                    logger.info("reconcile asked for while a pass runs elsewhere: that worker runs one more after it")
                 break
             try:
                 while _marks(gate.marks.take):
@@ -261,8 +264,8 @@ def reconcile_passes(*, gate: Gate, run: Callable[[], None], owe: bool) -> int:
             # A task that found the lock held since the last take left its mark for us.
             if not _marks(gate.marks.owed):
                 break
-        # Debug: beat's tick every few seconds is not news (as celery.app.trace is kept quiet).
-        logger.debug("reconcile task ran %d pass(es)%s", passes, "" if passes else ": owed to a pass running elsewhere")
+        if passes > 1:
+            logger.info("reconcile ran %d passes in a row: changes made during a pass asked for one more", passes)
         return passes
     except _MarksAway as away:
         logger.warning("reconcile marks unreadable (%s): waiting for the lock to run one pass", away.__cause__)
