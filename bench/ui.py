@@ -57,13 +57,12 @@ def main() -> int:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from replicas import scheduling, tasks
+    from replicas import enqueue, scheduling
 
     logging.disable(logging.INFO)  # the scheduler's Events, one log line each
     redis.Redis.from_url(args.redis).flushdb()
     call_command("migrate", verbosity=0)
-    tasks.replicas_reconcile.delay = lambda *a, **k: None
-    tasks.replicas_reconcile.apply_async = lambda *a, **k: None
+    enqueue.reconcile_request = lambda **kw: None
     scheduler_bench._build_cluster(args.nodes, args.fabrics, args.islands)
     scheduler_bench._pending_replicas(1.0)
     placed = scheduling.replicas_schedule_pending()

@@ -111,25 +111,18 @@ class StateMachine:
             reason = reasons[row.pk]
             previous_of[row.pk], fields = self._set(row, to, reason, now)
             events.append(Event(**self._event(row, previous_of[row.pk], to, reason, EventSeverity.INFO)))
-        model = type(rows[0])
-        # One plain UPDATE per group of rows that share their new values (a
-        # batch of placements: one per fabric), the reasons in one more.
-        shared = [f for f in [*fields, *also] if f != self.reason_field]
-        groups: dict[tuple, list[int]] = {}
-        for row in rows:
-            groups.setdefault(tuple(getattr(row, f) for f in shared), []).append(row.pk)
-        for values, pks in groups.items():
-            model.objects.filter(pk__in=pks).update(**dict(zip(shared, values)))
-        if self.reason_field is not None:
-            # One statement prepared once and run per row (psycopg pipelines
-            # it): bulk_update's CASE over a batch costs more to build than this.
-            meta, q = model._meta, connection.ops.quote_name
-            column = meta.get_field(self.reason_field).column
-            with connection.cursor() as cursor:
-                cursor.executemany(
-                    f"UPDATE {q(meta.db_table)} SET {q(column)} = %s WHERE {q(meta.pk.column)} = %s",
-                    [(getattr(row, self.reason_field), row.pk) for row in rows],
-                )
+        # One statement prepared once and run per row with every changed
+        # field (psycopg pipelines it: one round trip for the batch; an
+        # UPDATE per group of equal values cost a round trip per group, and
+        # bulk_update's CASE over a batch costs more to build than this).
+        meta, q = type(rows[0])._meta, connection.ops.quote_name
+        columns = [meta.get_field(name) for name in dict.fromkeys([*fields, *also])]
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"UPDATE {q(meta.db_table)} SET {', '.join(f'{q(c.column)} = %s' for c in columns)} "
+                f"WHERE {q(meta.pk.column)} = %s",
+                [[c.get_db_prep_save(getattr(row, c.attname), connection) for c in columns] + [row.pk] for row in rows],
+            )
         events_record(events)
         for row in rows:
             self.changed(row, previous_of[row.pk], to)

@@ -17,12 +17,12 @@ def member_launch(
     member: Member,
     node: Node,
     fabric: str | None,
+    hcas: list[str],
     leader: Node,
     http_port: int,
     rendezvous_port: int | None,
     worker_port: int | None = None,
 ) -> dict[str, Any]:
-    hcas = sorted(h.name for h in node.hcas.all() if fabric and h.fabric and h.fabric.name == fabric)
     spec = launch_spec(
         LaunchInput(
             model=model.name,
@@ -36,7 +36,7 @@ def member_launch(
             mgmt_addr=node.mgmt_addr,
             mgmt_interface=node.mgmt_interface,
             fabric=fabric,
-            hcas=hcas,
+            hcas=sorted(hcas) if fabric else [],
             gpus=list(member.gpus),
             leader_addr=leader.mgmt_addr,
             http_port=http_port,

@@ -12,12 +12,13 @@ import logging
 from collections import defaultdict
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from core.choices import EventSeverity
-from core.events import event_record
+from core.events import events_record
+from core.models import Event
 from nodes.choices import NodeStatus
-from nodes.models import Fabric, Gpu, Node
+from nodes.models import Fabric, Gpu, Hca, Node
 from nodes.services import nodes_desired_changed
 
 from . import defrag, placement
@@ -127,7 +128,6 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         nodes = {
             n.name: n
             for n in Node.objects.select_for_update(of=("self",), no_key=True).filter(name__in=names).order_by("pk")
-            .prefetch_related("hcas__fabric")
         }
         for name in names:
             if name not in nodes or nodes[name].status != NodeStatus.READY:
@@ -140,13 +140,20 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         items = [(locked[r.pk], p) for r, p in items if r.pk in locked]
         if not items:
             return []
+        node_ids = [n.id for n in nodes.values()]
         gpu_ids = {
             (node_id, index): gpu_id
-            for gpu_id, node_id, index in Gpu.objects.filter(node__name__in=names, missing_since=None)
+            for gpu_id, node_id, index in Gpu.objects.filter(node_id__in=node_ids, missing_since=None)
             .values_list("id", "node_id", "index")
         }
+        # Each node's HCAs per fabric (NCCL_IB_HCA of its members).
+        hcas: dict[tuple[int, str], list[str]] = defaultdict(list)
+        for node_id, hca, fabric in Hca.objects.filter(node_id__in=node_ids, fabric__isnull=False).values_list(
+            "node_id", "name", "fabric__name"
+        ):
+            hcas[(node_id, fabric)].append(hca)
         fabrics = {f.name: f for f in Fabric.objects.filter(name__in={p.fabric for _, p in items if p.fabric})}
-        book = _PortBook({n.id for n in nodes.values()})
+        book = _PortBook(set(node_ids))
         # Launch specs first: they depend on the placement, not on row ids,
         # so each member is written once, whole.
         members: list[Member] = []
@@ -162,7 +169,7 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
             for rank, spec, node, ports in planned:
                 member = Member(replica=replica, node=node, rank=rank, gpus=list(spec.gpus))
                 launch = member_launch(
-                    model=model, member=member, node=node, fabric=plan.fabric,
+                    model=model, member=member, node=node, fabric=plan.fabric, hcas=hcas[(node.id, plan.fabric)],
                     leader=planned[0][2], http_port=leader_ports["http"],
                     rendezvous_port=leader_ports.get("rendezvous"),
                     worker_port=next(iter(ports.values()), None) if rank else None,
@@ -174,11 +181,12 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
             replica.fabric = fabrics.get(plan.fabric) if plan.fabric else None
         Member.objects.bulk_create(members, batch_size=1000)
         GpuAllocation.objects.bulk_create(
-            [GpuAllocation(gpu_id=gpu_ids[(m.node.id, i)], member=m, node=m.node) for m in members for i in m.gpus],
+            [GpuAllocation(gpu_id=gpu_ids[(m.node_id, i)], member_id=m.pk, node_id=m.node_id)
+             for m in members for i in m.gpus],
             batch_size=2000,
         )
         PortAllocation.objects.bulk_create(
-            [PortAllocation(node=m.node, port=port, member=m, purpose=purpose)
+            [PortAllocation(node_id=m.node_id, port=port, member_id=m.pk, purpose=purpose)
              for m, ports in zip(members, port_plan) for purpose, port in ports.items()],
             batch_size=2000,
         )
@@ -193,21 +201,39 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
     return replicas
 
 
-def _record_pending(replica: Replica, reason: str, never: bool) -> None:
+def _pending_note(replica: Replica, reason: str, never: bool) -> tuple[Replica, str, Event] | None:
+    """Why a replica stays pending, if that changed: its new reason and Event."""
     current = replica.pending_reason
     if current == reason or current.startswith(reason + "; "):
-        return  # unchanged (a note the defragmentation added after "; " stays)
+        return None  # unchanged (a note the defragmentation added after "; " stays)
     if defrag.MAKING_ROOM in current and not never:
         # Moves for it are in flight (replicas.moves): keep saying so.
         reason += current[current.index(defrag.MAKING_ROOM):]
-    Replica.objects.filter(pk=replica.pk, status=ReplicaStatus.PENDING).update(pending_reason=reason)
-    event_record(
+    return replica, reason, Event(
         kind=ReplicaEventKind.REPLICA_PENDING,
         subject=f"replica/{replica.pk}",
         message=f"{replica.model.name} replica {replica.pk} stays pending: {reason}",
         severity=EventSeverity.ERROR if never else EventSeverity.WARNING,
         data={"model": replica.model.name, "replica": replica.pk, "never": never},
     )
+
+
+def _pending_notes_record(notes: list[tuple[Replica, str, Event]]) -> None:
+    """Write the reasons of the replicas that stay pending, and their Events,
+    in one transaction of a few statements (replicas in ascending pk, the lock
+    order): a reason changes only while its replica is still pending."""
+    if not notes:
+        return
+    meta, q = Replica._meta, connection.ops.quote_name
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"UPDATE {q(meta.db_table)} SET {q(meta.get_field('pending_reason').column)} = %s "
+                f"WHERE {q(meta.pk.column)} = %s AND {q(meta.get_field('status').column)} = %s",
+                [(reason, replica.pk, ReplicaStatus.PENDING) for replica, reason, _ in sorted(notes, key=lambda n: n[0].pk)],
+            )
+        events_record([event for _, _, event in notes])
+    notes.clear()
 
 
 def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
@@ -220,13 +246,16 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
             return placed
         snapshot = cluster_snapshot()
         chosen: list[tuple[Replica, placement.Placement]] = []
+        notes: list[tuple[Replica, str, Event]] = []
         conflict = False
         for index, replica in enumerate(pending):
             model = replica.model
             request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
             result = placement.place(request, snapshot)
             if isinstance(result, placement.Unplaceable):
-                _record_pending(replica, result.reason, result.never)
+                note = _pending_note(replica, result.reason, result.never)
+                if note:
+                    notes.append(note)
             else:
                 snapshot.allocate(result)
                 chosen.append((replica, result))
@@ -238,6 +267,9 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
                     conflict = True
                     break
                 chosen = []
+            if len(notes) >= batch:
+                _pending_notes_record(notes)
+        _pending_notes_record(notes)
         if not conflict:
             return placed
     return placed

@@ -1,9 +1,11 @@
 from celery import shared_task
 
-from . import reconcile
+from . import coalesce, reconcile
 
 
 @shared_task(acks_late=False, ignore_result=True)
-def replicas_reconcile() -> None:
+def replicas_reconcile(*, marked: bool = False) -> None:
     # Not acks_late: a reconcile lost with its worker is replaced by the next one.
-    reconcile.replicas_reconcile()
+    # marked: sent by replicas.enqueue, which marked its pass owed; beat's tick
+    # and a delayed request owe theirs now.
+    coalesce.reconcile_passes(gate=coalesce.reconcile_gate(), run=reconcile.replicas_reconcile, owe=not marked)

@@ -284,10 +284,8 @@ def no_reconcile_enqueue(monkeypatch) -> list[float]:
     wants one. Returns the countdowns of the reconciles that were asked for, so
     that a test can check one was. The only place that names how a reconcile
     is enqueued: when that changes, change it here."""
-    from replicas import tasks
+    from replicas import enqueue
 
     asked: list[float] = []
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda *a, **k: asked.append(0.0))
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async",
-                        lambda *a, countdown=0.0, **k: asked.append(float(countdown)))
+    monkeypatch.setattr(enqueue, "reconcile_request", lambda *, countdown=0.0: asked.append(float(countdown)))
     return asked

@@ -20,10 +20,8 @@ BASE = {"name": "probe", "engine": "vllm", "weights": "/models/probe", "nodes": 
 
 
 @pytest.fixture(autouse=True)
-def _no_worker(monkeypatch):
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda *a, **k: None)
+def _no_worker(no_reconcile_enqueue):
+    pass
 
 
 @pytest.fixture

@@ -23,12 +23,8 @@ ENTRY = {"name": "m", "engine": "sim", "weights": "/models/m", "nodes": 1, "gpus
 
 
 @pytest.fixture
-def users(settings, monkeypatch):
+def users(settings, no_reconcile_enqueue):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    from replicas import tasks
-
-    monkeypatch.setattr(tasks.replicas_reconcile, "delay", lambda *a, **k: None)
-    monkeypatch.setattr(tasks.replicas_reconcile, "apply_async", lambda *a, **k: None)
     made = {}
     for role in (roles.VIEWER, roles.OPERATOR):
         user, _ = services.user_create(actor="tests", username=f"the-{role}", role=role, password="pw-for-the-tests-1")
