@@ -30,6 +30,8 @@ import re
 import zlib
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
+
 SESSION_MARK = "LLMGW_TEST_SESSION"
 
 
@@ -118,6 +120,7 @@ def work_unit(nodeid: str) -> str:
     return CLUSTER_GROUPS[E2E_MODULE_GROUP.get(module, zlib.crc32(module.encode()) % len(CLUSTER_GROUPS))]
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist installed does not know the hook
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
