@@ -35,3 +35,12 @@ def test_a_worker_overrides_broker_liveness_ports_and_data_directory():
     assert worker_environment(environ, 2, 4) == {
         "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13", "LLMGW_REDIS_URL": "redis://127.0.0.1:6379/13",
         "LLMGW_PORT_MIN": "25000", "LLMGW_PORT_MAX": "27499", "LLMGW_DATA_DIR": "/srv/var/test/gw2"}
+
+
+def test_e2e_modules_go_whole_to_one_of_two_groups_and_other_tests_alone():
+    from tests.parallel import CLUSTER_GROUPS, work_unit
+
+    assert work_unit("tests/nodes/test_api.py::test_x[1]") == "tests/nodes/test_api.py::test_x[1]"
+    assert work_unit("tests/e2e/test_failures.py::test_a") == work_unit("tests/e2e/test_failures.py::test_b")
+    assert work_unit("tests/e2e/test_process_faults.py::t") != work_unit("tests/e2e/test_failures.py::t")
+    assert work_unit("tests/e2e/test_new_module.py::t") in CLUSTER_GROUPS
