@@ -289,3 +289,12 @@ def no_reconcile_enqueue(monkeypatch) -> list[float]:
     asked: list[float] = []
     monkeypatch.setattr(enqueue, "reconcile_request", lambda *, countdown=0.0: asked.append(float(countdown)))
     return asked
+
+
+@pytest.fixture
+def engine_user_that_exists(settings, monkeypatch):
+    """Onboarding creates the engines' user on the node, and the test nodes
+    are this host: name one that exists (nobody), so that no test adds a
+    user to the machine it runs on. Workers started here inherit it."""
+    settings.LLMGW_ENGINE_USER = "nobody"
+    monkeypatch.setenv("LLMGW_ENGINE_USER", "nobody")

@@ -18,12 +18,8 @@ VM_HOST = "127.0.77.1"
 
 
 @pytest.fixture(autouse=True)
-def engine_user_that_exists(settings, monkeypatch):
-    """Onboarding creates the engines' user on the node, and the test nodes
-    are this host: name one that exists (nobody), so that no test adds a
-    user to the machine it runs on. Workers started here inherit it."""
-    settings.LLMGW_ENGINE_USER = "nobody"
-    monkeypatch.setenv("LLMGW_ENGINE_USER", "nobody")
+def _engine_user(engine_user_that_exists):
+    """Onboarding here creates no user on this host (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
