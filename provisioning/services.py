@@ -174,13 +174,6 @@ def step_transition(*, step: Step, to: str, lines: list[dict[str, str]] = (), da
 # --- jobs --------------------------------------------------------------------
 
 
-def _steps_create(job: Job) -> None:
-    Step.objects.bulk_create(
-        Step(job=job, index=i, name=spec.name, title=spec.title)
-        for i, spec in enumerate(stepkit.kind_steps(job.kind))
-    )
-
-
 def job_provision_create(*, request: dict[str, Any], user=None) -> Job:
     """A provisioning job, queued. RequestInvalid (by field) for bad input."""
     clean = provision_request_check(request)
@@ -198,7 +191,7 @@ def job_provision_create(*, request: dict[str, Any], user=None) -> Job:
                 status=JobStatus.QUEUED, status_changed_at=timezone.now(),
                 created_by=user if user is not None and user.is_authenticated else None,
             )
-            _steps_create(job)
+            stepkit.job_steps_create(job)
             event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"job/{job.pk}",
                          message=f"provision {node} on {hypervisor.name} (VMID {clean['vmid']}, {clean['ip']}) queued"
                          + (f" by {user.get_username()}" if job.created_by else ""))

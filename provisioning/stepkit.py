@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from django.utils import timezone
 
+from .models import Step
+
 
 @dataclass(frozen=True)
 class Done:
@@ -86,3 +88,10 @@ def kind_followup(job) -> None:
 
 def kind_steps(kind: str) -> list[StepSpec]:
     return _KINDS[kind]
+
+
+def job_steps_create(job) -> None:
+    """The rows of a new job's steps, in its kind's order (provisioning and onboarding alike)."""
+    Step.objects.bulk_create(
+        Step(job=job, index=i, name=spec.name, title=spec.title) for i, spec in enumerate(kind_steps(job.kind))
+    )

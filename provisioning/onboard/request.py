@@ -21,7 +21,7 @@ from pki.names import InvalidNodeId, validate_node_id
 
 from .. import queue, stepkit
 from ..choices import JobKind, JobStatus, ProvisioningEventKind
-from ..models import Job, Step
+from ..models import Job
 from ..validation import RequestInvalid
 
 # The seeds' meaning of a bare `--fabric NAME`: its two default adapters.
@@ -162,10 +162,7 @@ def job_onboard_create(*, request: dict[str, Any], user=None) -> Job:
                 status_changed_at=timezone.now(),
                 created_by=user if user is not None and user.is_authenticated else None,
             )
-            Step.objects.bulk_create(
-                Step(job=job, index=i, name=spec.name, title=spec.title)
-                for i, spec in enumerate(stepkit.kind_steps(job.kind))
-            )
+            stepkit.job_steps_create(job)
             fabrics = ", ".join(f"{f['name']}:{','.join(f['hcas'])}" for f in clean["fabrics"]) or "none (island)"
             event_record(kind=ProvisioningEventKind.PROVISIONING, subject=f"job/{job.pk}",
                          message=f"onboard {node} at {clean['addr']} (fabrics {fabrics}) queued"
