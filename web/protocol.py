@@ -44,6 +44,7 @@ class HttpProtocol(HttpToolsProtocol):
         self.head_timeout = settings.LLMGW_WEB_HEAD_TIMEOUT
         self._awaiting_head = True
         self._head_bytes = 0  # bytes received while the head was unfinished
+        self._heads_done = 0  # heads completed, so that a read knows whether one ended in it
         self._head_size = 0  # bytes of request target and headers parsed
         self._header_count = 0
         self._head_timer = None
@@ -104,6 +105,7 @@ class HttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         counting = self._awaiting_head
+        heads_before = self._heads_done
         if counting:
             # The first byte of a head on a kept-alive connection starts its deadline.
             self._arm_head_timer()
@@ -111,9 +113,13 @@ class HttpProtocol(HttpToolsProtocol):
             super().data_received(data)
         except HeadRefused:  # pragma: no cover - httptools wraps it; kept for other parsers
             return
-        if self._refused or not counting or not self._awaiting_head:
+        if self._refused or not counting or not self._awaiting_head or self._heads_done != heads_before:
+            # A head ended in this read (its request may even have completed,
+            # body and all, leaving the parser awaiting the next head): these
+            # bytes were not all head. A pipelined next head begun here is
+            # counted from its next read on.
             return
-        # Still inside the head after this read: every byte so far was head.
+        # Still inside the same head after this read: every byte so far was head.
         self._head_bytes += len(data)
         if self._head_bytes > self.max_head_bytes:
             self._too_large()
@@ -150,6 +156,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._awaiting_head = False
+        self._heads_done += 1
         self._head_bytes = 0
         self._disarm_head_timer()
         super().on_headers_complete()
