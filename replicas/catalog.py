@@ -12,6 +12,7 @@ from django.db import transaction
 from core.choices import EventSeverity
 from core.events import event_record
 from core.exceptions import NotFound
+from core.strict import error_lines, unknown_keys
 
 from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
@@ -31,14 +32,32 @@ class CatalogInvalid(ValueError):
         self.errors = errors
 
 
+# The top level of a catalog file (catalog.yaml, the UI's catalog page).
+DOCUMENT_KEYS = ("models",)
+
+
+def catalog_document_models(document: Any) -> list[Any]:
+    """The 'models' list of a catalog file, or CatalogInvalid: a key other
+    than 'models' is refused by name (``modles:`` must not read as an empty
+    catalog, which --prune would apply as "remove everything")."""
+    if document is None:
+        return []
+    if not isinstance(document, dict):
+        raise CatalogInvalid(["the file must be a mapping with a 'models' list"])
+    errors = [f"{key}: {message}" for key, message in unknown_keys(document, DOCUMENT_KEYS).items()]
+    if not isinstance(document.get("models", []), list):
+        errors.append("models: must be a list of entries (- name: ...)")
+    if errors:
+        raise CatalogInvalid(errors)
+    return document.get("models") or []
+
+
 def _from_yaml(entry: Any, index: int) -> dict[str, Any]:
-    """catalog.yaml calls the weights 'model'; the API calls them 'weights'."""
+    """An entry as given; catalog.yaml's 'model' (the weights) is an alias
+    ``CatalogEntryFields`` reads."""
     if not isinstance(entry, dict):
         raise CatalogInvalid([f"models[{index}]: each entry must be a mapping with name, engine, model, ..."])
-    data = dict(entry)
-    if "model" in data and "weights" not in data:
-        data["weights"] = data.pop("model")
-    return data
+    return dict(entry)
 
 
 def catalog_validate(entries: list[Any], *, admin: bool = True,
@@ -60,9 +79,7 @@ def catalog_validate(entries: list[Any], *, admin: bool = True,
         try:
             value = catalog_entry_clean(data)
         except CatalogEntryInvalid as exc:
-            for field, messages in exc.errors.items():
-                for message in messages if isinstance(messages, list) else [messages]:
-                    errors.append(f"{label}: {field}: {message}")
+            errors.extend(f"{label}: {line}" for line in error_lines(exc.errors))
             continue
         if not admin and not _held_unchanged(value, (held or {}).get(value["name"])):
             errors.extend(f"{label}: args: {message}" for message in admin_only_problems(value))

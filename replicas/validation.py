@@ -13,6 +13,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.strict import StrictInput
+
 from .choices import Engine
 from .engines import EngineArgsError, adapter_for, check_entry, check_env
 from .engines.policy import refusal_message
@@ -54,8 +56,13 @@ def admin_only_problems(entry: dict[str, Any]) -> list[str]:
 MAX_REPLICAS = 10000
 
 
-class CatalogEntryFields(serializers.ModelSerializer):
-    """The shape of a catalog entry, field by field, then ``engine_problems``."""
+class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
+    """The shape of a catalog entry, field by field, then ``engine_problems``.
+    A key it does not declare is refused by name (``core.strict``), at any
+    level of a nested field: a typo must not fall back to a default."""
+
+    # catalog.yaml calls the weights 'model'; the API calls them 'weights'.
+    strict_aliases = {"model": "weights"}
 
     args = serializers.ListField(child=serializers.CharField(), required=False, default=list)
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)

@@ -8,11 +8,11 @@ from typing import Any
 
 import yaml
 
-from replicas.catalog import FIELDS, CatalogInvalid, catalog_held, catalog_validate
+from replicas.catalog import FIELDS, CatalogInvalid, catalog_document_models, catalog_held, catalog_validate
 from replicas.models import CatalogEntry
 
 # catalog_validate's messages: "models[2] (name): field: what is wrong".
-_ERROR = re.compile(r"^(?P<entry>models\[\d+\](?: \([^)]*\))?): (?:(?P<field>[\w.]+): )?(?P<message>.*)$", re.S)
+_ERROR = re.compile(r"^(?P<entry>models\[\d+\](?: \([^)]*\))?): (?:(?P<field>[\w.\[\]]+): )?(?P<message>.*)$", re.S)
 
 
 @dataclass
@@ -61,9 +61,11 @@ def catalog_parse(text: str) -> tuple[list[Any] | None, list[FieldError]]:
         document = catalog_yaml_load(text) or {}
     except yaml.YAMLError as exc:
         return None, [FieldError("file", "yaml", str(exc))]
-    if not isinstance(document, dict) or not isinstance(document.get("models", []), list):
-        return None, [FieldError("file", "models", "expected a mapping with a 'models' list")]
-    return document.get("models", []), []
+    try:
+        return catalog_document_models(document), []
+    except CatalogInvalid as exc:
+        return None, [FieldError("file", *text.split(": ", 1)) if ": " in text else FieldError("file", "", text)
+                      for text in exc.errors]
 
 
 def field_errors(exc: CatalogInvalid) -> list[FieldError]:

@@ -6,12 +6,16 @@ site's middleware: 400 for input it refuses (a field's errors, a body that is
 not a JSON object, a NUL byte in the path or the query), 401/403 without a
 valid token or the permission, 404 for a name that does not exist, 409 for a
 change the object's state does not allow, 415 for a body that is not JSON.
+A body that refuses unknown keys (``core.strict``) says so:
+``additionalProperties: false``.
 """
 
 from __future__ import annotations
 
 from drf_spectacular import openapi
 from rest_framework import serializers
+
+from core.strict import is_strict
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -36,6 +40,13 @@ ERRORS = {
 
 
 class AutoSchema(openapi.AutoSchema):
+    def _map_serializer(self, serializer, direction, bypass_extensions=False):
+        schema = super()._map_serializer(serializer, direction, bypass_extensions)
+        if is_strict(serializer) and schema.get("type") == "object":
+            # core.strict: a key the body does not declare is refused by name.
+            schema["additionalProperties"] = False
+        return schema
+
     def _error_codes(self) -> list[str]:
         codes = ["400", "401", "403"]
         if "{" in self.path or self.method in WRITES:

@@ -1,6 +1,8 @@
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
+from core.strict import StrictInput
+
 from ..roles import ROLES
 from ..selectors import user_role
 
@@ -17,7 +19,7 @@ class UserSerializer(serializers.ModelSerializer):
         return user_role(user)
 
 
-class UserCreateSerializer(serializers.Serializer):
+class UserCreateSerializer(StrictInput, serializers.Serializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=ROLES)
     password = serializers.CharField(required=False, write_only=True, trim_whitespace=False,
@@ -31,11 +33,11 @@ class UserCreatedSerializer(UserSerializer):
         fields = [*UserSerializer.Meta.fields, "password"]
 
 
-class RoleSerializer(serializers.Serializer):
+class RoleSerializer(StrictInput, serializers.Serializer):
     role = serializers.ChoiceField(choices=ROLES)
 
 
-class SuperuserSerializer(serializers.Serializer):
+class SuperuserSerializer(StrictInput, serializers.Serializer):
     superuser = serializers.BooleanField()
 
 
@@ -48,7 +50,7 @@ class TokenSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 
-class TokenCreateSerializer(serializers.Serializer):
+class TokenCreateSerializer(StrictInput, serializers.Serializer):
     name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True)
     days = serializers.FloatField(required=False, default=90.0, min_value=0.001, max_value=366,
                                   help_text="how long the token lives (default 90, at most 366); a token made "

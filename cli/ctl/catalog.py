@@ -36,9 +36,12 @@ def _apply(args) -> int:
         document = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise CtlError(f"{args.file} is not valid YAML: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("models", []), list):
+    if not isinstance(document, dict):
         raise CtlError(f"{args.file}: expected a mapping with a 'models' list")
-    result = api_call("POST", "/api/v1/catalog/apply/", json={"models": document.get("models", []), "prune": args.prune})
+    if "prune" in document:
+        raise CtlError(f"{args.file}: prune: not a key of a catalog file; pass --prune")
+    # The file's keys as written: the API refuses one it does not know, by name.
+    result = api_call("POST", "/api/v1/catalog/apply/", json={"models": [], **document, "prune": args.prune})
     for verb in ("created", "updated", "unchanged", "removed"):
         for name in result.get(verb, []):
             print(f"{name} {verb}")

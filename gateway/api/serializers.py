@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from core.strict import StrictInput
+
 from ..models import ApiKey
 
 
@@ -15,7 +17,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ApiKeyCreateSerializer(serializers.Serializer):
+class ApiKeyCreateSerializer(StrictInput, serializers.Serializer):
     name = serializers.CharField(max_length=64)
     models = serializers.ListField(child=serializers.CharField(max_length=128), required=False, default=list)
 

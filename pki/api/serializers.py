@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from core.strict import StrictInput
+
 from ..models import Certificate
 
 
@@ -12,6 +14,6 @@ class CertificateSerializer(serializers.ModelSerializer):
         ]
 
 
-class RevokeSerializer(serializers.Serializer):
+class RevokeSerializer(StrictInput, serializers.Serializer):
     target = serializers.CharField(max_length=255, help_text="a node id (every live client certificate of it) or a serial (hex)")
     reason = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")

@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from core.strict import StrictInput
+
 from .. import sshkeys
 from ..models import Hypervisor, Job, Step
 from ..onboard.request import onboard_request_check
@@ -13,7 +15,7 @@ def _check(fn, data):
         raise serializers.ValidationError(exc.errors) from None
 
 
-class HypervisorSerializer(serializers.ModelSerializer):
+class HypervisorSerializer(StrictInput, serializers.ModelSerializer):
     token_secret = serializers.CharField(write_only=True, required=False, allow_blank=True, style={"input_type": "password"},
                                          help_text="the API token's secret; stored encrypted, never shown")
     ca_pem = serializers.CharField(write_only=True, required=False, allow_blank=True,
@@ -51,47 +53,7 @@ class SshKeySerializer(serializers.Serializer):
     fingerprint = serializers.CharField()
 
 
-class ProvisionSerializer(serializers.Serializer):
-    node = serializers.CharField(help_text="the node id: VM name, hostname and certificate CN")
-    hypervisor = serializers.CharField(required=False, allow_blank=True,
-                                       help_text="default: the only hypervisor")
-    vmid = serializers.IntegerField()
-    ip = serializers.CharField(help_text="address with prefix, e.g. 10.0.0.144/24")
-    gateway = serializers.CharField()
-    cores = serializers.IntegerField(default=16)
-    memory = serializers.IntegerField(default=65536, help_text="MiB")
-    disk = serializers.CharField(default="200G")
-    nameserver = serializers.CharField(required=False, allow_blank=True, default="")
-    onboard = serializers.DictField(required=False, allow_null=True, default=None,
-                                    help_text="onboard the VM once it is made: the fields of /jobs/onboard/ "
-                                              "other than node and addr")
-
-    def validate(self, attrs):
-        return _check(provision_request_check, attrs) and attrs
-
-
-class StepSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Step
-        fields = ["index", "name", "title", "status", "started_at", "finished_at", "log"]
-
-
-class JobSerializer(serializers.ModelSerializer):
-    hypervisor = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    steps = StepSerializer(many=True, read_only=True)
-    ssh_host_key_fingerprint = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Job
-        fields = ["id", "kind", "node_name", "hypervisor", "status", "status_reason", "status_changed_at", "params",
-                  "ssh_host_key", "ssh_host_key_fingerprint", "created_by", "created_at", "finished_at", "steps"]
-
-    def get_ssh_host_key_fingerprint(self, job) -> str:
-        return sshkeys.fingerprint(job.ssh_host_key)
-
-
-class OnboardSerializer(serializers.Serializer):
+class OnboardSerializer(StrictInput, serializers.Serializer):
     node = serializers.CharField(help_text="the node id: hostname and certificate CN")
     addr = serializers.CharField(help_text="where to reach it over SSH (IP or host name)")
     ssh_user = serializers.CharField(required=False, default="root")
@@ -117,3 +79,60 @@ class OnboardSerializer(serializers.Serializer):
     def validate(self, attrs):
         _check(onboard_request_check, attrs)
         return attrs
+
+
+class OnboardOptionsSerializer(OnboardSerializer):
+    """``provision``'s ``onboard``: the fields of /jobs/onboard/ other than
+    node and addr (the VM's), checked with them by the service."""
+
+    node = None
+    addr = None
+
+    def to_internal_value(self, data):
+        # Only what was given: a default here (ssh_user root) would hide the
+        # service's own (after provisioning, the VM's cloud-init user).
+        value = super().to_internal_value(data)
+        return {key: value[key] for key in value if key in data}
+
+    def validate(self, attrs):
+        return attrs
+
+
+class ProvisionSerializer(StrictInput, serializers.Serializer):
+    node = serializers.CharField(help_text="the node id: VM name, hostname and certificate CN")
+    hypervisor = serializers.CharField(required=False, allow_blank=True,
+                                       help_text="default: the only hypervisor")
+    vmid = serializers.IntegerField()
+    ip = serializers.CharField(help_text="address with prefix, e.g. 10.0.0.144/24")
+    gateway = serializers.CharField()
+    cores = serializers.IntegerField(default=16)
+    memory = serializers.IntegerField(default=65536, help_text="MiB")
+    disk = serializers.CharField(default="200G")
+    nameserver = serializers.CharField(required=False, allow_blank=True, default="")
+    onboard = OnboardOptionsSerializer(required=False, allow_null=True, default=None,
+                                       help_text="onboard the VM once it is made: the fields of /jobs/onboard/ "
+                                                 "other than node and addr")
+
+    def validate(self, attrs):
+        return _check(provision_request_check, attrs) and attrs
+
+
+class StepSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Step
+        fields = ["index", "name", "title", "status", "started_at", "finished_at", "log"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    hypervisor = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    steps = StepSerializer(many=True, read_only=True)
+    ssh_host_key_fingerprint = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = ["id", "kind", "node_name", "hypervisor", "status", "status_reason", "status_changed_at", "params",
+                  "ssh_host_key", "ssh_host_key_fingerprint", "created_by", "created_at", "finished_at", "steps"]
+
+    def get_ssh_host_key_fingerprint(self, job) -> str:
+        return sshkeys.fingerprint(job.ssh_host_key)

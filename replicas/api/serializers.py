@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from core.strict import StrictInput
+
 from ..choices import ReplicaStatus
 from ..envmask import env_masked
 from ..models import CatalogEntry, Drain, Member, Replica
@@ -62,13 +64,13 @@ class ModelSerializer(serializers.ModelSerializer):
         return sorted({r.pending_reason for r in model.replica_set.all() if r.status == "pending" and r.pending_reason})
 
 
-class ScaleSerializer(serializers.Serializer):
+class ScaleSerializer(StrictInput, serializers.Serializer):
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, error_messages={
         "min_value": "must be {min_value} or more", "max_value": "must be {max_value} or less",
         "invalid": "must be a whole number"})
 
 
-class CatalogApplySerializer(serializers.Serializer):
+class CatalogApplySerializer(StrictInput, serializers.Serializer):
     models = serializers.ListField(child=serializers.JSONField(), allow_empty=True)
     prune = serializers.BooleanField(default=False)
 
@@ -84,5 +86,5 @@ class DrainSerializer(serializers.ModelSerializer):
         read_only_fields = ["status", "current", "moved", "remaining", "replicas", "log", "started_at", "finished_at"]
 
 
-class DrainCreateSerializer(serializers.Serializer):
+class DrainCreateSerializer(StrictInput, serializers.Serializer):
     node = serializers.CharField()

@@ -61,6 +61,9 @@ class ModelViewSet(viewsets.ModelViewSet):
     def update(self, request, *args, **kwargs):
         current = ModelSerializer(self.get_object()).data
         data = {k: current[k] for k in ModelWriteSerializer.Meta.fields}
+        for alias, name in ModelWriteSerializer.strict_aliases.items():
+            if alias in request.data:
+                data.pop(name, None)  # the body names the field by its alias
         data.update(request.data)
         data["name"] = kwargs["name"]
         return self._upsert(data)
