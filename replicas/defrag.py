@@ -40,6 +40,8 @@ from .placement import (
 # the placement's own reason (the scheduler keeps it; a drain does not call
 # such a replica stuck).
 MAKING_ROOM = "; making room: "
+# How a pending reason says that no moves can make room (a drain is then stuck).
+NO_ROOM = "no set of moves makes room"
 
 # Replicas of one node considered for eviction, largest first: enough for any
 # real node (8 or 16 GPUs), and a bound on the subset search.
@@ -185,4 +187,4 @@ def plan_room(request: PlacementRequest, snapshot: ClusterSnapshot, movable: Ite
             continue
         return RoomPlan(key, nodes, tuple(moves))
     shown = "; ".join(reasons[:SHOWN]) + (f"; and {len(reasons) - SHOWN} more" if len(reasons) > SHOWN else "")
-    return NoRoom(f"no set of moves makes room ({shown})" if shown else "no set of moves makes room")
+    return NoRoom(f"{NO_ROOM} ({shown})" if shown else NO_ROOM)

@@ -10,6 +10,7 @@ then the drain, then replicas.
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core.choices import EventSeverity
@@ -20,11 +21,15 @@ from nodes.choices import NodeStatus
 from nodes.models import Node
 from nodes.services import node_transition
 
-from .choices import DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, PLACED, DrainOutcome, DrainStatus, ReplicaEventKind, ReplicaStatus
-from .defrag import MAKING_ROOM
+from .choices import (DRAIN_ACTIVE, DRAIN_ENDED, DRAIN_TRANSITIONS, PLACED, DrainOutcome, DrainStatus, MemberState,
+                      ReplicaEventKind, ReplicaStatus)
+from .defrag import MAKING_ROOM, NO_ROOM
+from .drainwait import Release, replacement_wait
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidDrainTransition
 from .models import Drain, Member, Replica
+from .scheduling import cluster_snapshot
+from .snapshot import PlacementRequest
 from .services import replica_transition
 
 
@@ -187,7 +192,47 @@ def _outcome(drain: Drain, replica: Replica, outcome: str, reason: str = "") -> 
              f"on {drain.node.name}: {reason}", severity=EventSeverity.WARNING)
     elif outcome == DrainOutcome.MOVING and before.get("outcome") == DrainOutcome.WAITING:
         _log(drain, f"{replica.model.name} replica {replica.pk}: a replacement fits now")
+    elif outcome == DrainOutcome.MOVING and reason.startswith("waiting for "):
+        _log(drain, f"{replica.model.name} replica {replica.pk}: its replacement does not fit yet, {reason}")
     return True
+
+
+def _releases(replica: Replica) -> list[Release]:
+    """What is under way that will give GPUs back, the moves first (the
+    drain's own, and those making room), then replicas stopping or failed."""
+    rows = (
+        Replica.objects.exclude(pk=replica.pk)
+        .filter(Q(draining=True, status__in=PLACED) | Q(status__in=(ReplicaStatus.STOPPING, ReplicaStatus.FAILED)))
+        .select_related("model").prefetch_related("members__node").order_by("-draining", "pk")
+    )
+    releases = []
+    for row in rows:
+        held = [m for m in row.members.all() if m.state != MemberState.GONE and m.gpus]
+        if not held:
+            continue
+        gpus = tuple((m.node.name, tuple(m.gpus)) for m in held)
+        if row.draining:
+            # Off the node being drained (or cleared to make room): the others are where it frees GPUs.
+            off = {m.node.name for m in held if m.node.status == NodeStatus.DRAINING} or {m.node.name for m in held}
+            what = f"{row.model.name} replica {row.pk}'s move off {'/'.join(sorted(off))}"
+        else:
+            what = f"{row.model.name} replica {row.pk}, {row.status},"
+        releases.append(Release(what, gpus))
+    return releases
+
+
+def _replacement_wait(replica: Replica, pending_reason: str) -> str | None:
+    """What the replica's replacement waits for (``replicas.drainwait``), or
+    None when nothing under way would make it fit. The scheduler's moves
+    (``replicas.moves``) plan only once stopping replicas are gone: while it
+    says it will, and has not found that no set of moves makes room, the
+    replacement waits for that too."""
+    model = replica.model
+    request = PlacementRequest(model.name, model.nodes, model.gpus_per_node)
+    wait = replacement_wait(request, cluster_snapshot().nodes.values(), _releases(replica))
+    if wait is None and MAKING_ROOM in pending_reason and NO_ROOM not in pending_reason:
+        wait = "waiting while room is made for it: " + pending_reason.split(MAKING_ROOM, 1)[1]
+    return wait
 
 
 def drain_step(*, drain_id: int, may_block: bool = True) -> None:
@@ -222,10 +267,6 @@ def drain_step(*, drain_id: int, may_block: bool = True) -> None:
                 drain.replicas[key] = {**entry, "outcome": DrainOutcome.GONE, "reason": "it left the node otherwise"}
         moving = waiting = 0
         queued = []
-        # GPUs that stopping replicas hold are about to be free (the original
-        # of the move before this one, often): a replacement that does not
-        # fit yet is not stuck until they are.
-        freeing = Replica.objects.filter(status=ReplicaStatus.STOPPING).exists()
         for replica in replicas:
             model = replica.model
             if not replica.draining:
@@ -242,13 +283,14 @@ def drain_step(*, drain_id: int, may_block: bool = True) -> None:
                 _log(drain, f"{model.name} replica {replica.pk}: replacement ready, stopping the original")
                 drain.moved += 1
                 continue
-            # A replacement that waits while room is being made for it is not stuck.
             stuck = (Replica.objects.filter(model=model, status=ReplicaStatus.PENDING).exclude(pending_reason="")
-                     .exclude(pending_reason__contains=MAKING_ROOM).first())
-            if stuck is not None and freeing:
+                     .first())
+            # Not stuck while something under way (the drain's own moves,
+            # replicas stopping, moves making room) would free what it needs.
+            wait = _replacement_wait(replica, stuck.pending_reason) if stuck is not None else None
+            if wait is not None:
                 moving += 1
-                _outcome(drain, replica, DrainOutcome.MOVING,
-                         f"waiting for the GPUs of stopping replicas ({stuck.pending_reason})")
+                _outcome(drain, replica, DrainOutcome.MOVING, wait)
             elif stuck is not None:
                 waiting += 1
                 _outcome(drain, replica, DrainOutcome.WAITING, stuck.pending_reason)
