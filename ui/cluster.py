@@ -168,8 +168,34 @@ def replica_colour(replica_id: int) -> str:
     return f"r{replica_id % PALETTE}"
 
 
-def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Cluster:
-    node_url = reverse("ui-node", args=["x"])[:-2]
+@dataclass
+class NodeRow:
+    """One node as both renderings read it: the server's HTML (``card_html``)
+    and the live update's compact data (``ui.cluster_live``)."""
+
+    name: str
+    status: str
+    agent_version: str
+    discovery_errors: list
+    age: float | None
+    draining: bool
+    other_fabrics: list[str]
+    warnings: list[str]
+    # (index, (replica id, model) or None, missing since or None, claimants or None), by index.
+    gpus: list[tuple[int, tuple[int, str] | None, dt.datetime | None, list[str] | None]]
+
+
+@dataclass
+class GridRows:
+    columns: list[tuple[FabricColumn, list[NodeRow]]]
+    legend: dict[int, str]  # replica id -> model, every replica holding a GPU
+    totals: dict[str, int]
+    fabric_names: list[str]
+
+
+def grid_rows(filters: Filters = Filters()) -> GridRows:
+    """The grid's nodes, filtered, with their GPUs and who holds them: one
+    query per table with ``values()``."""
     now = timezone.now().timestamp()
     seen = liveness.store().seen_all()
     node_rows = list(
@@ -188,29 +214,18 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
         )
     }
     warnings_of, claimed_by = _gpu_warnings()
-    cells_of: dict[int, list[str]] = {}
+    gpus_of: dict[int, list] = {}
     legend: dict[int, str] = {}
-    held_label: dict[int, str] = {}
     gpus = Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index", "missing_since")
     for gpu_id, node_id, index, missing_since in gpus:
         held = holder.get(gpu_id)
-        if missing_since is not None or gpu_id in claimed_by:
-            cell = _marked_cell(index, held, missing_since, claimed_by.get(gpu_id))
-        elif held is None:
-            cell = f'<span class="gpu free" title="GPU {index}: free"></span>'
-        else:
-            replica_id, model = held
-            label = held_label.get(replica_id)
-            if label is None:
-                label = held_label[replica_id] = f'{replica_colour(replica_id)}" title="{escape(model)} #{replica_id}'
-            cell = f'<span class="gpu {label}, GPU {index}"></span>'
         if held is not None:
             legend.setdefault(held[0], held[1])
         if missing_since is not None:
             warnings_of.setdefault(node_id, []).append(f"GPU {index} missing since {_clock(missing_since)}")
-        cells_of.setdefault(node_id, []).append(cell)
+        gpus_of.setdefault(node_id, []).append((index, held, missing_since, claimed_by.get(gpu_id)))
 
-    columns: dict[str, FabricColumn] = {}
+    columns: dict[str, tuple[FabricColumn, list[NodeRow]]] = {}
     totals = {status: 0 for status in NodeStatus.values}
     needle = filters.name.lower()
     for row in node_rows:
@@ -219,15 +234,16 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
         home = fabrics[0] if fabrics else NO_FABRIC
         column = columns.get(home)
         if column is None:
-            column = columns[home] = FabricColumn(home, [], collapsed=home in filters.collapsed)
-        column.counts[row["status"]] = column.counts.get(row["status"], 0) + 1
+            column = columns[home] = (FabricColumn(home, [], collapsed=home in filters.collapsed), [])
+        counts = column[0].counts
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
         if filters.fabric and home != filters.fabric:
             continue
         if filters.state and row["status"] != filters.state:
             continue
         if needle and needle not in row["name"].lower():
             continue
-        card = NodeCard(
+        column[1].append(NodeRow(
             name=row["name"],
             status=row["status"],
             agent_version=row["agent_version"],
@@ -235,19 +251,53 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
             age=_age(seen, row["name"], row["last_heartbeat_at"], now),
             draining=row["id"] in draining,
             other_fabrics=fabrics[1:],
-            gpus="".join(cells_of.get(row["id"], ())),
             warnings=warnings_of.get(row["id"], []),
-        )
-        card.html = card_html(card, node_url)
-        column.nodes.append(card)
-    ordered = sorted(columns.values(), key=lambda c: (c.name == NO_FABRIC, c.name))
+            gpus=gpus_of.get(row["id"], []),
+        ))
+    ordered = sorted(columns.values(), key=lambda c: (c[0].name == NO_FABRIC, c[0].name))
+    names = [c[0].name for c in ordered]
     if filters.fabric:
-        ordered = [c for c in ordered if c.name == filters.fabric]
-    entries = [LegendEntry(replica_colour(rid), f"{model} #{rid}") for rid, model in sorted(legend.items())]
+        ordered = [c for c in ordered if c[0].name == filters.fabric]
+    return GridRows(columns=ordered, legend=legend, totals={k: v for k, v in totals.items() if v}, fabric_names=names)
+
+
+def legend_entries(legend: dict[int, str]) -> list[LegendEntry]:
+    return [LegendEntry(replica_colour(rid), f"{model} #{rid}") for rid, model in sorted(legend.items())]
+
+
+def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Cluster:
+    node_url = reverse("ui-node", args=["x"])[:-2]
+    rows = grid_rows(filters)
+    held_label: dict[int, str] = {}
+    fabrics = []
+    for column, nodes in rows.columns:
+        for node in nodes:
+            cells = []
+            for index, held, missing_since, claimants in node.gpus:
+                if missing_since is not None or claimants:
+                    cell = _marked_cell(index, held, missing_since, claimants)
+                elif held is None:
+                    cell = f'<span class="gpu free" title="GPU {index}: free"></span>'
+                else:
+                    replica_id, model = held
+                    label = held_label.get(replica_id)
+                    if label is None:
+                        label = held_label[replica_id] = f'{replica_colour(replica_id)}" title="{escape(model)} #{replica_id}'
+                    cell = f'<span class="gpu {label}, GPU {index}"></span>'
+                cells.append(cell)
+            card = NodeCard(
+                name=node.name, status=node.status, agent_version=node.agent_version,
+                discovery_errors=node.discovery_errors, age=node.age, draining=node.draining,
+                other_fabrics=node.other_fabrics, gpus="".join(cells), warnings=node.warnings,
+            )
+            card.html = card_html(card, node_url)
+            column.nodes.append(card)
+        fabrics.append(column)
+    entries = legend_entries(rows.legend)
     return Cluster(
-        fabrics=ordered,
+        fabrics=fabrics,
         legend=entries[:legend_max],
         legend_more=max(0, len(entries) - legend_max),
-        totals={k: v for k, v in totals.items() if v},
-        fabric_names=[c.name for c in sorted(columns.values(), key=lambda c: (c.name == NO_FABRIC, c.name))],
+        totals=rows.totals,
+        fabric_names=rows.fabric_names,
     )

@@ -8,6 +8,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="ui-logout"),
     path("", cluster.cluster, name="ui-cluster"),
     path("cluster/grid/", cluster.cluster_grid_partial, name="ui-cluster-grid"),
+    path("cluster/grid.json", cluster.cluster_grid_data, name="ui-cluster-grid-data"),
     path("nodes/<str:name>/", nodes.node_page, name="ui-node"),
     path("nodes/<str:name>/live/", nodes.node_live, name="ui-node-live"),
     path("nodes/<str:name>/cordon/", nodes.node_cordon, name="ui-node-cordon"),
