@@ -20,12 +20,14 @@ values holds free-form keys (an engine's ``env``) and is not walked.
 carries; ``web.schema`` marks such bodies ``additionalProperties: false`` in
 the OpenAPI document, and ``tests/test_strict_inputs.py`` fails for a write
 endpoint whose body is not strict. ``unknown_keys`` is the same rule for
-documents read without a serializer (the top of a catalog file).
+documents read without a serializer (the top of a catalog file), and
+``no_body`` for an action that takes no body at all.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -114,6 +116,22 @@ class StrictInput:
         if both:
             raise serializers.ValidationError(both)
         return {self.strict_aliases.get(key, key): value for key, value in data.items()}
+
+
+def no_body(view_method):
+    """For an action that takes no body (``extend_schema(request=None)``):
+    a body with keys is refused by name rather than ignored (a ``reason``
+    sent to cordon would otherwise vanish). Put it under ``@action``."""
+
+    @functools.wraps(view_method)
+    def inner(self, request, *args, **kwargs):
+        data = request.data
+        if isinstance(data, Mapping) and data:
+            raise serializers.ValidationError(
+                {str(key): ["unknown key; this request takes no body"] for key in data})
+        return view_method(self, request, *args, **kwargs)
+
+    return inner
 
 
 def is_strict(serializer: Any) -> bool:

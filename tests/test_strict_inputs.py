@@ -233,3 +233,18 @@ def test_the_schema_says_every_write_body_is_strict():
             assert component.get("additionalProperties") is False, f"{method.upper()} {path}: not core.strict"
     assert bodies >= 15
     assert components["OnboardOptions"]["additionalProperties"] is False
+
+
+def test_a_request_that_takes_no_body_refuses_one(api):
+    """cordon takes no body: a 'reason' sent with it would vanish, so it is refused."""
+    from nodes.models import Node
+
+    node_with_gpus("node01", addr="127.0.1.1")
+    answer = api.post("/api/v1/nodes/node01/cordon/", json={"reason": "maintenance"})
+    assert (answer.status_code, answer.json()) == (400, {"reason": ["unknown key; this request takes no body"]})
+    assert Node.objects.get(name="node01").status == "ready"
+    assert api.post("/api/v1/nodes/node01/cordon/").status_code == 200
+    assert api.post("/api/v1/nodes/node01/uncordon/", json={}).status_code == 200
+    assert api.post("/api/v1/keys/", json={"name": "k"}).status_code == 201
+    answer = api.post("/api/v1/keys/k/revoke/", json={"now": True})
+    assert answer.status_code == 400 and ApiKey.objects.get(name="k").revoked_at is None

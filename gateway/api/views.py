@@ -4,6 +4,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from accounts.actors import actor
+from core.strict import no_body
 
 from .. import selectors, services
 from .serializers import ApiKeyCreatedSerializer, ApiKeyCreateSerializer, ApiKeySerializer
@@ -31,5 +32,6 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])
+    @no_body
     def revoke(self, request, name=None):
         return Response(ApiKeySerializer(services.key_revoke(name=name, actor=actor(request))).data)

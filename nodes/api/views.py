@@ -4,6 +4,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from accounts.actors import actor
+from core.strict import no_body
 
 from .. import selectors, services
 from .serializers import FabricSerializer, NodeSerializer
@@ -29,12 +30,14 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
+    @no_body
     def cordon(self, request, name=None):
         services.node_cordon(node_name=name, actor=actor(request))
         return Response(self.get_serializer(selectors.node_get(name=name)).data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
+    @no_body
     def uncordon(self, request, name=None):
         services.node_uncordon(node_name=name, actor=actor(request))
         return Response(self.get_serializer(selectors.node_get(name=name)).data)

@@ -5,6 +5,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from accounts.actors import actor
+from core.strict import no_body
 
 from .. import selectors, services, sshkeys
 from ..onboard import request as onboard_request
@@ -53,6 +54,7 @@ class HypervisorViewSet(viewsets.ModelViewSet):
     @extend_schema(request=None, responses=CheckSerializer,
                    parameters=[OpenApiParameter("vmid", int, description="check the VM paths of this VMID")])
     @action(detail=True, methods=["post"])
+    @no_body
     def check(self, request, name=None):
         vmid = request.query_params.get("vmid")
         if vmid is not None and not vmid.isdigit():
@@ -103,12 +105,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
+    @no_body
     def retry(self, request, pk=None):
         services.job_retry(job_id=int(pk), actor=actor(request))
         return Response(JobSerializer(selectors.job_get(job_id=int(pk))).data)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
+    @no_body
     def cancel(self, request, pk=None):
         services.job_cancel(job_id=int(pk), actor=actor(request))
         return Response(JobSerializer(selectors.job_get(job_id=int(pk))).data)

@@ -6,6 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.actors import actor
+from core.strict import no_body
 
 from .. import catalog, drain, selectors
 from .serializers import (
@@ -128,6 +129,7 @@ class DrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=None, responses=DrainSerializer)
     @action(detail=True, methods=["post"])
+    @no_body
     def cancel(self, request, pk=None):
         """End a running or blocked drain: its replicas stop moving and keep
         running where they are; the node stays cordoned. 409 if it has ended."""
