@@ -14,16 +14,20 @@ The document::
      "models": ["llama-70b", ...],                # model names, indexed below
      "replicas": {"1jk": 0, ...},                 # replica id (base 36) -> model index
      "fabrics": [{"name": "ib-a", "collapsed": false, "counts": [["ready", 63]],
-                  "nodes": ["node01|ready|4 s|0.3.1|1jk,1jk,,,~mSINCE", ...]}],
+                  "nodes": ["node01|ready|4 s|0.3.1|1jk,1jk,,,~mSINCE,,,", ...]}],
      "extra": {"node01": {"d": 1, "o": ["ib-b"], "e": [...], "w": [...]}}}
 
 A node is ``name|status|heartbeat age|agent version|GPUs``. Its GPUs are
 tokens by index, separated by ``,``: the holding replica's id in base 36
 (empty: free), then any attributes, each ``~`` + one letter + its value:
 ``~m`` missing since (the time), ``~c`` claimed by other nodes too (their
-names joined by ``+``). A per-GPU field is one more letter: the encoder
-``gpu_token`` writes it, ``gpuCell`` in cluster.js reads it (a GPU's
-utilisation ``~u87``, its state ``~sq``...). Node ids hold no ``|``, ``,``,
+names joined by ``+``). A per-GPU field is one of two shapes, both
+read by ``gpuCell`` in cluster.js: a rare one is one more attribute letter,
+written by ``gpu_token`` (a quarantined GPU: ``~sq``); one that every GPU
+has is a column, one more ``|`` field after the GPUs with one character per
+GPU (utilisation in tenths: ``|98776500``), which ``gpuCell`` gets as
+``gpu.columns[n]``: 9 bytes a node, where ``~u87`` on every GPU would be 32
+and take 1,050 nodes from about 65 KiB to about 98. Node ids hold no ``|``, ``,``,
 ``~`` or ``+``; rare per-node fields (draining, other fabrics, discovery
 errors, warnings, an agent version holding ``|``) are in ``extra``, by node
 name.

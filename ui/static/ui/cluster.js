@@ -65,7 +65,13 @@
         esc(first.slice(0, 60).join("") + (first.length > 60 ? "\u2026" : "")) + "</div>";
     }
     (more.w || []).forEach(function (w) { errors += '<div class="errors">\u26a0 ' + esc(w) + "</div>"; });
-    var cells = tokens.map(function (token, index) { return gpuCell(data, index, parseGpu(token)); }).join("");
+    // Fields after the GPUs are per-GPU columns, one character per GPU (ui/cluster_live.py).
+    var columns = fields.slice(5);
+    var cells = tokens.map(function (token, index) {
+      var gpu = parseGpu(token);
+      gpu.columns = columns.map(function (column) { return column.charAt(index); });
+      return gpuCell(data, index, gpu);
+    }).join("");
     return '<article class="node ' + esc(status) + (more.d ? " draining" : "") + '" data-node="' + esc(name) +
       '"><header><a href="' + esc(nodeUrl + encodeURIComponent(name)) + '/">' + esc(name) + "</a>" +
       '<span class="badge st-' + esc(status) + '">' + esc(status) + "</span></header>" +
