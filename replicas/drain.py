@@ -192,7 +192,7 @@ def _outcome(drain: Drain, replica: Replica, outcome: str, reason: str = "") -> 
              f"on {drain.node.name}: {reason}", severity=EventSeverity.WARNING)
     elif outcome == DrainOutcome.MOVING and before.get("outcome") == DrainOutcome.WAITING:
         _log(drain, f"{replica.model.name} replica {replica.pk}: a replacement fits now")
-    elif outcome == DrainOutcome.MOVING and reason.startswith("waiting for "):
+    elif outcome == DrainOutcome.MOVING and reason.startswith("waiting "):
         _log(drain, f"{replica.model.name} replica {replica.pk}: its replacement does not fit yet, {reason}")
     return True
 

@@ -22,6 +22,9 @@ from .snapshot import ClusterSnapshot, NodeSnapshot, PlacementRequest, Unplaceab
 # A node that is only still stopping engines it should no longer run is
 # schedulable again once they stop (replicas.scheduling labels it so).
 FENCING = "fencing old engines"
+# Releases tried one by one (each a placement over the whole cluster); past
+# these, only all of them together.
+SINGLES = 32
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def replacement_wait(request: PlacementRequest, nodes: Iterable[NodeSnapshot],
     by_name = {node.name: node for node in nodes}
     if _fits(request, by_name, ()):
         return "its replacement fits now and is being placed"
-    for release in releases:
+    for release in releases[:SINGLES]:
         if _fits(request, by_name, (release,)):
             return f"waiting for {release.what} to release {_gpus(release, by_name)}"
     if len(releases) > 1 and _fits(request, by_name, releases):
