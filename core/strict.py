@@ -131,6 +131,7 @@ def no_body(view_method):
                 {str(key): ["unknown key; this request takes no body"] for key in data})
         return view_method(self, request, *args, **kwargs)
 
+    inner.takes_no_body = True
     return inner
 
 

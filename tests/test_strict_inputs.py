@@ -8,6 +8,7 @@ serializers declared in the test, and over the whole OpenAPI document."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import httpx
@@ -233,6 +234,26 @@ def test_the_schema_says_every_write_body_is_strict():
             assert component.get("additionalProperties") is False, f"{method.upper()} {path}: not core.strict"
     assert bodies >= 15
     assert components["OnboardOptions"]["additionalProperties"] is False
+
+
+def test_every_post_without_a_body_refuses_one():
+    """A POST the schema gives no body (cordon, cancel, ...) is core.strict.no_body:
+    a body sent to it is refused, not ignored. A new one without it fails here."""
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    bodiless = {re.sub(r"{[^}]*}", "{}", path) for path, operations in schema["paths"].items()
+                if "post" in operations and "requestBody" not in operations["post"]}
+    generator = SchemaGenerator()
+    generator._initialise_endpoints()
+    checked = set()
+    for path, _regex, method, callback in generator.endpoints:
+        path = re.sub(r"{[^}]*}", "{}", path)
+        if method != "POST" or path not in bodiless:
+            continue
+        actions = getattr(callback, "actions", None) or {}
+        handler = getattr(callback.cls, actions.get("post", "post"))
+        assert getattr(handler, "takes_no_body", False), f"POST {path}: takes no body but does not refuse one"
+        checked.add(path)
+    assert checked == bodiless and len(checked) >= 7
 
 
 def test_a_request_that_takes_no_body_refuses_one(api):
