@@ -172,3 +172,22 @@ def test_block_accounting_holds_under_any_sequence(requests):
     for t in list(live):
         e.finish(t, now=1000.0)
     assert e.cache.used == 0 and e.running == 0 and not e.waiting
+
+
+def test_the_engines_flags_make_the_parameters_and_token_delay_keeps_its_flat_timing(capsys):
+    from agent.engines.sim import parse_args
+
+    base = ["--rank", "0", "--nnodes", "1", "--model", "m"]
+    assert parse_args(base).params == SimParams()
+    flat = parse_args(base + ["--token-delay", "0.01"]).params
+    assert (flat.decode_step_base, flat.decode_step_per_seq, flat.prefill_overhead, flat.prefill_time_per_token) == (
+        0.01, 0.0, 0.0, 0.0)
+    mixed = parse_args(base + ["--token-delay", "0.01", "--prefill-time-per-token", "0.001"]).params
+    assert (mixed.decode_step_base, mixed.prefill_time_per_token) == (0.01, 0.001)
+    vllm_names = parse_args(base + ["--max-num-seqs", "8", "--block-size", "32", "--num-gpu-blocks-override", "64",
+                                    "--max-model-len", "2048", "--no-enable-prefix-caching"]).params
+    assert vllm_names == SimParams(max_num_seqs=8, block_size=32, num_gpu_blocks=64, max_model_len=2048,
+                                   enable_prefix_caching=False)
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--num-gpu-blocks-override", "10"])
+    assert "--max-model-len 32768 is more than the KV cache holds" in capsys.readouterr().err
