@@ -128,12 +128,13 @@ class RoutingTable:
         self.by_model = by_model
         self.catalog = dict(snapshot.catalog)
         self.policies = dict(snapshot.policies)
+        routed = {row.replica_id for row in snapshot.routes}
         for model, memory in list(self.memories.items()):
             if self.policies.get(model) != CACHE_AWARE:
                 del self.memories[model]
                 continue
             for replica_id in memory.replicas():
-                if replica_id not in current:
+                if replica_id not in routed:
                     memory.forget(replica_id)
         self.keys = {k.secret_hash: Key(k.id, k.name, k.allowed_models) for k in snapshot.keys}
 
