@@ -191,7 +191,8 @@ class RoutingTable:
         if cache:
             index, reason = scoring.cache_aware(candidates, len(hints.blocks), self.knobs)
         else:
-            index, reason = scoring.session(candidates, hints.session, self.knobs)
+            index, reason = scoring.session(candidates, hints.session, self.knobs,
+                                            last=self.sessions.get((model, hints.session)))
         route = routes[index]
         if cache:
             if hints.blocks:
@@ -200,13 +201,14 @@ class RoutingTable:
             key = (model, hints.session)
             last = self.sessions.get(key)
             if last != route.replica_id:
-                if last is not None:
-                    reason = "rehome"
+                # A session seen before that lands elsewhere moved; a new one is at home.
+                reason = "rehome" if last is not None else "session"
                 self.sessions[key] = route.replica_id
                 if len(self.sessions) > SESSIONS_REMEMBERED:
                     self.sessions.popitem(last=False)
             else:
                 reason = "session"
+                self.sessions.move_to_end(key)
         count = (model, reason)
         self.decisions[count] = self.decisions.get(count, 0) + 1
         return route

@@ -105,14 +105,21 @@ def cache_aware(candidates: list[Candidate], blocks: int, knobs: Knobs = DEFAULT
     return best, "load"
 
 
-def session(candidates: list[Candidate], key: int, knobs: Knobs = DEFAULT_KNOBS) -> tuple[int, str]:
-    """Index and reason: ``session`` on the session's home (its heaviest
-    replica), ``rehome`` when the home is down or overloaded and the next
-    heaviest fit one takes it."""
-    order = sorted(range(len(candidates)), key=lambda i: session_weight(key, candidates[i].replica_id), reverse=True)
+def session(candidates: list[Candidate], key: int, knobs: Knobs = DEFAULT_KNOBS,
+            last: int | None = None) -> tuple[int, str]:
+    """Index and reason: ``session`` on the session's home, ``rehome`` when
+    the home is down or overloaded and the next heaviest fit one takes it.
+    The home is ``last`` (where this gateway sent the session before) while
+    it is there, up and not overloaded, so that a replica joining takes no
+    running session; otherwise the session's heaviest replica."""
     usable = set(_usable(candidates))
     least = min(candidates[i].load for i in usable)
+    if last is not None:
+        for i, c in enumerate(candidates):
+            if c.replica_id == last and i in usable and not c.down and not overloaded(c.load, least, knobs):
+                return i, "session"
+    order = sorted(range(len(candidates)), key=lambda i: session_weight(key, candidates[i].replica_id), reverse=True)
     for rank, i in enumerate(order):
         if i in usable and not overloaded(candidates[i].load, least, knobs):
-            return i, "session" if rank == 0 else "rehome"
+            return i, "session" if rank == 0 and last is None else "rehome"
     return least_loaded(candidates), "rehome"

@@ -88,6 +88,20 @@ def test_session_stays_while_its_replica_stays_and_moves_only_from_a_leaver(ids,
     assert without_home[scoring.session(without_home, session)[0]].replica_id != home
 
 
+@given(st.lists(st.integers(1, 500), min_size=2, max_size=20, unique=True), st.text(min_size=1, max_size=20))
+def test_a_remembered_session_stays_when_replicas_join(ids, key):
+    session = session_hash(key)
+    cands = [Candidate(i) for i in ids]
+    home = cands[scoring.session(cands, session)[0]].replica_id
+    joined = cands + [Candidate(1000 + n) for n in range(5)]
+    assert joined[scoring.session(joined, session, last=home)[0]].replica_id == home
+    # ... unless it is overloaded: then it moves, and says so.
+    for c in joined:
+        c.inflight = 100 if c.replica_id == home else 0
+    index, reason = scoring.session(joined, session, last=home)
+    assert joined[index].replica_id != home and reason == "rehome"
+
+
 def test_consistent_hashing_moves_only_a_share():
     ids = list(range(1, 17))
     keys = [session_hash(f"user-{n}") for n in range(4000)]
