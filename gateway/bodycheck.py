@@ -25,6 +25,15 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from .prefix import prompt_blocks, prompt_text
+
+
+@dataclass(frozen=True)
+class Hashing:
+    models: frozenset[str]
+    block_chars: int
+    max_blocks: int
+
 
 @dataclass(frozen=True)
 class Checked:
@@ -36,10 +45,14 @@ class Checked:
     strip_usage: bool = False
     problem: tuple[str | None, str] | None = None
     body: bytes | None = None
+    # The prompt's prefix blocks (gateway.prefix), for a model routed by cache only.
+    blocks: tuple[int, ...] = ()
+    user: str | None = None  # the body's "user": a session key
 
 
-def check(raw: bytes, required: str, streams: bool) -> Checked:
-    """Parse and check a /v1 body; ``streams`` is False for endpoints that never stream."""
+def check(raw: bytes, required: str, streams: bool, hashing: Hashing | None = None) -> Checked:
+    """Parse and check a /v1 body; ``streams`` is False for endpoints that never stream;
+    ``hashing``: the models whose prompts are cut into prefix blocks, and how."""
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -52,8 +65,16 @@ def check(raw: bytes, required: str, streams: bool) -> Checked:
         return Checked(problem=problem)
     stream = streams and body.get("stream") is True
     strip_usage = stream and ask_for_usage(body)
-    return Checked(model=body["model"], stream=stream, strip_usage=strip_usage,
-                   body=encode(body) if strip_usage else None)
+    model = body["model"]
+    blocks: tuple[int, ...] = ()
+    if hashing is not None and model in hashing.models:
+        text = prompt_text(body)
+        if text:
+            blocks = prompt_blocks(text, hashing.block_chars, hashing.max_blocks)
+    user = body.get("user")
+    return Checked(model=model, stream=stream, strip_usage=strip_usage,
+                   body=encode(body) if strip_usage else None, blocks=blocks,
+                   user=user if isinstance(user, str) and user else None)
 
 
 def _depth_limit() -> int:
@@ -135,14 +156,14 @@ class Checker:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
 
-    async def check(self, raw: bytes, required: str, streams: bool) -> Checked:
+    async def check(self, raw: bytes, required: str, streams: bool, hashing: Hashing | None = None) -> Checked:
         if len(raw) <= self.inline_bytes:
-            return check(raw, required, streams)
+            return check(raw, required, streams, hashing)
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers,
                                              mp_context=multiprocessing.get_context("spawn"),
                                              initializer=die_with_parent, initargs=(os.getpid(),))
-        return await asyncio.get_running_loop().run_in_executor(self._pool, check, raw, required, streams)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, check, raw, required, streams, hashing)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -74,6 +74,14 @@ LATENCY = Histogram("llmgw_gateway_request_duration_seconds", "Time from request
                     _ROUTE, buckets=LATENCY_BUCKETS)
 TTFT = Histogram("llmgw_gateway_time_to_first_token_seconds", "Time from request to first streamed chunk.",
                  _ROUTE, buckets=TTFT_BUCKETS)
+DECISIONS = Counter(
+    "llmgw_gateway_routing_decisions_total",
+    "Routing decisions of the cache-aware and session policies, by reason: prefix (sent where the longest "
+    "prefix is cached), load (no prefix cached anywhere, or it lost on load), guard (the prefix's holder was "
+    "overloaded: a fallback to load), session (a session on its replica), rehome (a session moved).",
+    ("model", "policy", "reason"))
+ENGINE_READS = Counter("llmgw_gateway_engine_metrics_reads_total",
+                       "Reads of engines' /metrics by the gateway, by outcome (ok, failed).", ("outcome",))
 INFLIGHT = Gauge("llmgw_gateway_inflight_requests", "Requests in flight through the gateway, by replica.",
                  _ROUTE, multiprocess_mode="livesum")
 
@@ -95,6 +103,16 @@ class GatewayMetrics:
 
     def ttft(self, model: str, replica: str, seconds: float) -> None:
         TTFT.labels(model, replica).observe(seconds)
+
+    def decisions(self, counts: dict[tuple[str, str], int], policies: dict[str, str]) -> None:
+        for (model, reason), count in counts.items():
+            DECISIONS.labels(model, policies.get(model, ""), reason).inc(count)
+
+    def engine_reads(self, ok: int, failed: int) -> None:
+        if ok:
+            ENGINE_READS.labels("ok").inc(ok)
+        if failed:
+            ENGINE_READS.labels("failed").inc(failed)
 
     def inflight(self, model: str, replica: str, count: int) -> None:
         INFLIGHT.labels(model, replica).set(count)

@@ -23,7 +23,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from .bodycheck import ask_for_usage, encode  # noqa: F401 - callers import them from here
 from .choices import ErrorKind
 from .errors import json_response, openai_error, sse_error
-from .routing import Route
+from .routing import NO_HINTS, Hints, Route
 from .runtime import Gateway
 
 logger = logging.getLogger(__name__)
@@ -70,9 +70,10 @@ class Attempt:
             metrics.latency(self.model, replica, time.perf_counter() - self.started)
 
 
-async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, strip_usage: bool) -> HttpResponse:
+async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, strip_usage: bool,
+                  hints: Hints = NO_HINTS) -> HttpResponse:
     gw, model = attempt.gw, attempt.model
-    route = gw.table.pick(model)
+    route = gw.table.pick(model, hints=hints)
     if route is None:  # the table changed since the caller looked
         return _no_replica(attempt)
     response = None

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import random
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from yarl import URL
 
+from . import scoring
 from .metrics import INFLIGHT
+from .prefix import PrefixMemory
 from .selectors import RoutingSnapshot
+
+LEAST_OUTSTANDING, CACHE_AWARE, SESSION = "least-outstanding", "cache-aware", "session"
+# The sessions whose last replica this process remembers (to count re-homes).
+SESSIONS_REMEMBERED = 65_536
 
 # A replica that refused a connection gets no requests for this long (unless
 # it is the model's last), since the database may take a minute to say that
@@ -22,7 +29,7 @@ EJECT_SECONDS = 5.0
 class Route:
     """One ready replica's leader, with this process's requests in flight on it."""
 
-    __slots__ = ("replica_id", "model", "base_url", "label", "_inflight", "down_until", "_urls")
+    __slots__ = ("replica_id", "model", "base_url", "label", "_inflight", "down_until", "_urls", "engine")
 
     def __init__(self, replica_id: int, model: str, base_url: str) -> None:
         self.replica_id = replica_id
@@ -32,6 +39,8 @@ class Route:
         self._inflight = 0
         self.down_until = 0.0
         self._urls: dict[str, URL] = {}
+        # The engine's last /metrics reading (gateway.engineload.EngineReading), None until read.
+        self.engine = None
 
     @property
     def inflight(self) -> int:
@@ -64,8 +73,31 @@ class Key:
         return self.allowed_models is None or model in self.allowed_models
 
 
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What a request says that a policy may route on: its prompt's prefix
+    blocks (cache-aware) and its session key's hash (session)."""
+
+    blocks: tuple[int, ...] = ()
+    session: int | None = None
+
+
+NO_HINTS = Hints()
+
+
 class RoutingTable:
-    def __init__(self) -> None:
+    def __init__(self, knobs: scoring.Knobs = scoring.DEFAULT_KNOBS, *, block_chars: int = 512,
+                 chars_per_token: float = 4.0, cache_tokens: int = 262_144) -> None:
+        self.knobs = knobs
+        self.block_chars = block_chars
+        self.chars_per_token = chars_per_token
+        # A replica's cache when its engine does not say (vllm:cache_config_info).
+        self.cache_tokens = cache_tokens
+        self.policies: dict[str, str] = {}
+        self.memories: dict[str, PrefixMemory] = {}
+        self.sessions: OrderedDict[tuple[str, int], int] = OrderedDict()
+        # (model, reason) -> decisions, read by the metrics.
+        self.decisions: dict[tuple[str, str], int] = {}
         self.catalog: dict[str, int] = {}
         self.by_model: dict[str, list[Route]] = {}
         self.keys: dict[str, Key] = {}
@@ -95,6 +127,15 @@ class RoutingTable:
         self.routes = current
         self.by_model = by_model
         self.catalog = dict(snapshot.catalog)
+        self.policies = dict(snapshot.policies)
+        routed = {row.replica_id for row in snapshot.routes}
+        for model, memory in list(self.memories.items()):
+            if self.policies.get(model) != CACHE_AWARE:
+                del self.memories[model]
+                continue
+            for replica_id in memory.replicas():
+                if replica_id not in routed:
+                    memory.forget(replica_id)
         self.keys = {k.secret_hash: Key(k.id, k.name, k.allowed_models) for k in snapshot.keys}
 
     def routed_ids(self) -> list[int]:
@@ -106,16 +147,84 @@ class RoutingTable:
     def ready_models(self) -> list[str]:
         return sorted(self.by_model)
 
-    def pick(self, model: str, exclude: Route | None = None) -> Route | None:
-        """The replica of ``model`` with the fewest requests in flight (ties
-        broken at random), passing over one that refused a connection lately
-        while another is there."""
+    def policy(self, model: str) -> str:
+        return self.policies.get(model, LEAST_OUTSTANDING)
+
+    def pick(self, model: str, exclude: Route | None = None, hints: Hints = NO_HINTS) -> Route | None:
+        """The replica of ``model`` that its routing policy chooses, passing
+        over one that refused a connection lately while another is there."""
         routes = self.by_model.get(model)
         if not routes:
             return None
         if len(routes) == 1:
             route = routes[0]
-            return None if route is exclude else route
+            if route is exclude:
+                return None
+            if hints.blocks:
+                self._remember(model, route, hints.blocks)
+            return route
+        policy = self.policies.get(model)
+        if policy == CACHE_AWARE:
+            return self._pick_scored(model, routes, exclude, hints, cache=True)
+        if policy == SESSION and hints.session is not None:
+            return self._pick_scored(model, routes, exclude, hints, cache=False)
+        return self._least_outstanding(routes, exclude)
+
+    def _pick_scored(self, model: str, routes: list[Route], exclude: Route | None, hints: Hints,
+                     cache: bool) -> Route | None:
+        now = time.monotonic()
+        if exclude is not None:
+            routes = [r for r in routes if r is not exclude]
+            if not routes:
+                return None
+        memory = self.memories.get(model) if cache else None
+        matches = memory.matches(hints.blocks, [r.replica_id for r in routes]) if memory and hints.blocks else {}
+        candidates = []
+        for route in routes:
+            reading = route.engine
+            if reading is not None and reading.fresh:
+                running, waiting, kv = reading.running, reading.waiting, reading.kv_use
+            else:
+                running = waiting = kv = None
+            candidates.append(scoring.Candidate(route.replica_id, route._inflight, running, waiting, kv,
+                                                matches.get(route.replica_id, 0), route.down_until > now))
+        if cache:
+            index, reason = scoring.cache_aware(candidates, len(hints.blocks), self.knobs)
+        else:
+            index, reason = scoring.session(candidates, hints.session, self.knobs,
+                                            last=self.sessions.get((model, hints.session)))
+        route = routes[index]
+        if cache:
+            if hints.blocks:
+                self._remember(model, route, hints.blocks)
+        else:
+            key = (model, hints.session)
+            last = self.sessions.get(key)
+            if last != route.replica_id:
+                # A session seen before that lands elsewhere moved; a new one is at home.
+                reason = "rehome" if last is not None else "session"
+                self.sessions[key] = route.replica_id
+                if len(self.sessions) > SESSIONS_REMEMBERED:
+                    self.sessions.popitem(last=False)
+            else:
+                reason = "session"
+                self.sessions.move_to_end(key)
+        count = (model, reason)
+        self.decisions[count] = self.decisions.get(count, 0) + 1
+        return route
+
+    def _remember(self, model: str, route: Route, blocks: tuple[int, ...]) -> None:
+        if self.policies.get(model) != CACHE_AWARE:
+            return
+        memory = self.memories.get(model)
+        if memory is None:
+            memory = self.memories[model] = PrefixMemory()
+        reading = route.engine
+        tokens = reading.cache_tokens if reading is not None and reading.cache_tokens else self.cache_tokens
+        memory.record(route.replica_id, blocks, int(tokens * self.chars_per_token) // self.block_chars)
+
+    def _least_outstanding(self, routes: list[Route], exclude: Route | None) -> Route | None:
+        """The fewest requests in flight (ties broken at random)."""
         now = time.monotonic()
         best: list[Route] = []
         best_score = None

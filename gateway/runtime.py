@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import hashlib
 import logging
 import os
@@ -26,10 +27,12 @@ import aiohttp
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import selectors, services
+from . import inflight, selectors, services
+from .bodycheck import Checker, Hashing
+from .engineload import REDIS_KEY as ENGINE_READINGS_KEY, EngineScraper
 from .metrics import GatewayMetrics
-from .bodycheck import Checker
-from .routing import Key, RoutingTable
+from .routing import CACHE_AWARE, Key, RoutingTable
+from .scoring import Knobs
 from .services import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -55,7 +58,19 @@ KEY_LOOKUPS_PER_SECOND = 20.0
 class Gateway:
     def __init__(self) -> None:
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.table = RoutingTable()
+        self.table = RoutingTable(
+            Knobs(prefix_weight=settings.LLMGW_ROUTING_PREFIX_WEIGHT, queue_weight=settings.LLMGW_ROUTING_QUEUE_WEIGHT,
+                  kv_weight=settings.LLMGW_ROUTING_KV_WEIGHT, balance_abs=settings.LLMGW_ROUTING_BALANCE_ABS,
+                  balance_rel=settings.LLMGW_ROUTING_BALANCE_REL),
+            block_chars=settings.LLMGW_ROUTING_BLOCK_CHARS, chars_per_token=settings.LLMGW_ROUTING_CHARS_PER_TOKEN,
+            cache_tokens=settings.LLMGW_ROUTING_CACHE_TOKENS,
+        )
+        # The models whose prompts are hashed into prefix blocks (None: none), from the table.
+        self.hashing: Hashing | None = None
+        self.scraper = EngineScraper(interval=settings.LLMGW_GATEWAY_ENGINE_SCRAPE_INTERVAL,
+                                     per_second=settings.LLMGW_GATEWAY_ENGINE_SCRAPES_PER_SECOND,
+                                     timeout=min(2.0, settings.LLMGW_GATEWAY_CONNECT_TIMEOUT))
+        self._scrape_task: asyncio.Task | None = None
         self.metrics = GatewayMetrics()
         self.open = settings.LLMGW_GATEWAY_OPEN
         # key id -> [requests, prompt tokens, completion tokens], not yet in the database
@@ -98,7 +113,7 @@ class Gateway:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         snapshot = await loop.run_in_executor(self._db, self._poll, True)
-        self.table.apply(snapshot)
+        self._apply(snapshot)
         if self.session is None:
             limit = settings.LLMGW_GATEWAY_MAX_CONNECTIONS
             connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=60)
@@ -113,12 +128,27 @@ class Gateway:
                 skip_auto_headers=("Accept-Encoding", "User-Agent"),
             )
         self._task = loop.create_task(self._sync_forever(), name="gateway-sync")
+        if self.scraper.interval > 0:
+            self._scrape_task = loop.create_task(self._scrape_forever(), name="gateway-engine-metrics")
         self.started = True
         atexit.register(self._at_exit)
+        # Everything loaded so far (Django, the apps, the table) lives as long
+        # as the process: out of the collector's sight, a full collection no
+        # longer walks it. (It did, every few hundred requests: a quarter of a
+        # plain request's CPU, measured with bench/gateway_profile.py.)
+        gc.collect()
+        gc.freeze()
         logger.info("gateway started process=%s models=%d ready_replicas=%d keys=%d open=%s", self.name,
                     len(self.table.catalog), len(self.table.routed_ids()), len(self.table.keys), self.open)
 
     async def stop(self) -> None:
+        if self._scrape_task is not None:
+            self._scrape_task.cancel()
+            try:
+                await self._scrape_task
+            except asyncio.CancelledError:
+                pass
+            self._scrape_task = None
         if self._task is not None:
             self._task.cancel()
             try:
@@ -249,10 +279,13 @@ class Gateway:
         snapshot = await loop.run_in_executor(self._db, self._poll)
         if snapshot is not None:
             before = self.table.routed_ids()
-            self.table.apply(snapshot)
+            self._apply(snapshot)
             after = self.table.routed_ids()
             if before != after:
                 logger.info("gateway routes changed process=%s ready_replicas=%s", self.name, after)
+        if self.table.decisions:
+            decisions, self.table.decisions = self.table.decisions, {}
+            self.metrics.decisions(decisions, self.table.policies)
         state = (tuple(self.table.routed_ids()), tuple(sorted(self.table.inflight_counts().items())))
         now = time.monotonic()
         if state != self._published or now - self._published_at >= PUBLISH_AT_LEAST_EVERY:
@@ -273,6 +306,44 @@ class Gateway:
                 for key_id, (requests, prompt, completion) in usage.items():
                     self.count(Key(key_id, "", None), prompt, completion, requests)
                 raise
+
+    def _apply(self, snapshot: selectors.RoutingSnapshot) -> None:
+        self.table.apply(snapshot)
+        hashed = frozenset(m for m, p in self.table.policies.items() if p == CACHE_AWARE)
+        self.hashing = Hashing(hashed, settings.LLMGW_ROUTING_BLOCK_CHARS,
+                               settings.LLMGW_ROUTING_MAX_BLOCKS) if hashed else None
+
+    # --- engine load ----------------------------------------------------------------------
+
+    async def _scrape_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = time.monotonic()
+            try:
+                routes = [r for routes in self.table.by_model.values() for r in routes]
+                readings = await self.scraper.cycle(self.session, routes)
+                failed = sum(1 for r in readings.values() if r.error)
+                self.metrics.engine_reads(len(readings) - failed, failed)
+                if readings and settings.LLMGW_REDIS_URL:
+                    await loop.run_in_executor(self._db, self._publish_readings, readings)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if now - self._last_sync_error > 10:
+                    self._last_sync_error = now
+                    logger.warning("gateway engine metrics cycle failed (routing on own counts): %s", exc)
+            period = self.scraper.period(len(self.table.routes))
+            await asyncio.sleep(max(0.05, started + period - time.monotonic()))
+
+    @staticmethod
+    def _publish_readings(readings: dict) -> None:
+        """For the UI's replica page (any web process) and other gateways' operators: the last reading of each replica."""
+        client = inflight.store().client
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(ENGINE_READINGS_KEY, mapping={str(k): v.to_json() for k, v in readings.items()})
+        pipe.expire(ENGINE_READINGS_KEY, 60)
+        pipe.execute()
 
     async def cluster_gauges(self) -> dict | None:
         """The database's side of /metrics, at most once a second whatever the scrapers do."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Count
 
@@ -18,7 +20,8 @@ from nodes.selectors import age_seconds, node_last_seen
 from replicas.choices import ReplicaStatus
 from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
 
-from . import inflight
+from . import engineload, inflight
+from .engineload import REDIS_KEY as ENGINE_READINGS_KEY
 from .models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,8 @@ class RoutingSnapshot:
     catalog: dict[str, int]  # model name -> created (unix seconds)
     routes: list[RouteRow]
     keys: list[KeyRow]
+    # model name -> routing policy (replicas.choices.RoutingPolicy); absent: least-outstanding
+    policies: dict[str, str] = field(default_factory=dict)
 
 
 def routing_version() -> tuple:
@@ -66,8 +71,12 @@ def routing_version() -> tuple:
 
 def routing_snapshot() -> RoutingSnapshot:
     """The catalog, the leader address of every ready replica, and the live keys."""
-    catalog = {name: int(created.timestamp()) for name, created in
-               CatalogEntry.objects.filter(removing=False).values_list("name", "created_at")}
+    catalog, policies = {}, {}
+    for name, created, routing, removing in CatalogEntry.objects.values_list(
+            "name", "created_at", "routing", "removing"):
+        policies[name] = routing  # a model being removed still routes to its last replicas as it did
+        if not removing:
+            catalog[name] = int(created.timestamp())
     routes = []
     members = (
         Member.objects.filter(serves_http=True, replica__status=ReplicaStatus.READY)
@@ -93,7 +102,7 @@ def routing_snapshot() -> RoutingSnapshot:
             "id", "name", "secret_hash", "allowed_models"
         )
     ]
-    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys)
+    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies)
 
 
 def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:
@@ -119,6 +128,31 @@ def replica_inflight(replica_id: int) -> int:
         if replica_id in record.routes:
             total += 1
     return total
+
+
+def engine_readings(*, replica_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The gateways' last reading of each replica's engine metrics (gateway.engineload),
+    by replica id; a replica not read lately is absent. Read from Redis, where
+    the gateway processes publish them; without Redis, from this process's
+    gateway when it has read them."""
+    if not replica_ids:
+        return {}
+    found: dict[int, dict[str, Any]] = {}
+    if settings.LLMGW_REDIS_URL:
+        client = inflight.store().client
+        for replica_id, raw in zip(replica_ids, client.hmget(ENGINE_READINGS_KEY, [str(i) for i in replica_ids])):
+            if raw is None:
+                continue
+            try:
+                found[replica_id] = json.loads(raw)
+            except ValueError:
+                continue
+        return found
+    for replica_id in replica_ids:
+        reading = engineload.LATEST.get(replica_id)
+        if reading is not None:
+            found[replica_id] = json.loads(reading.to_json())
+    return found
 
 
 def gateway_processes() -> list[inflight.ProcessRecord]:

@@ -16,7 +16,8 @@ from . import metrics as metrics_module
 from .choices import ErrorKind
 from .errors import json_response, openai_error
 from .proxy import Attempt, encode, forward
-from .routing import Key
+from .prefix import session_hash
+from .routing import NO_HINTS, SESSION, Hints, Key
 from .runtime import Gateway, gateway
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
     if refused:
         return refused
     try:
-        checked = await gw.bodies.check(request.body, required, endpoint != "embeddings")
+        checked = await gw.bodies.check(request.body, required, endpoint != "embeddings", gw.hashing)
     except BrokenProcessPool:
         logger.exception("gateway: a body-parsing process died")
         return _refuse(gw, endpoint, "", 503, "The gateway could not parse this body now; try again shortly.",
@@ -162,7 +163,14 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
                        param="model")
     raw = checked.body if checked.body is not None else request.body
     attempt = Attempt(gw, key, model, endpoint, started)
-    return await forward(attempt, path, raw, stream=checked.stream, strip_usage=checked.strip_usage)
+    hints = NO_HINTS
+    if checked.blocks:
+        hints = Hints(blocks=checked.blocks)
+    elif gw.table.policies.get(model) == SESSION:
+        session = request.META.get("HTTP_X_SESSION_ID") or checked.user
+        if session:
+            hints = Hints(session=session_hash(session))
+    return await forward(attempt, path, raw, stream=checked.stream, strip_usage=checked.strip_usage, hints=hints)
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:

@@ -399,6 +399,20 @@ if env.str("LLMGW_METRICS_TOKEN_FILE", default=""):
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
+# Engine load: each web process reads its replicas' /metrics every this many
+# seconds, at most this many reads a second (more replicas: each read less often).
+LLMGW_GATEWAY_ENGINE_SCRAPE_INTERVAL = env.float("LLMGW_GATEWAY_ENGINE_SCRAPE_INTERVAL", default=1.0)
+LLMGW_GATEWAY_ENGINE_SCRAPES_PER_SECOND = env.float("LLMGW_GATEWAY_ENGINE_SCRAPES_PER_SECOND", default=200.0)
+# Routing policies' knobs (docs/gateway.md#routing-policies; gateway.scoring, gateway.prefix).
+LLMGW_ROUTING_BLOCK_CHARS = env.int("LLMGW_ROUTING_BLOCK_CHARS", default=512)
+LLMGW_ROUTING_MAX_BLOCKS = env.int("LLMGW_ROUTING_MAX_BLOCKS", default=128)
+LLMGW_ROUTING_CHARS_PER_TOKEN = env.float("LLMGW_ROUTING_CHARS_PER_TOKEN", default=4.0)
+LLMGW_ROUTING_CACHE_TOKENS = env.int("LLMGW_ROUTING_CACHE_TOKENS", default=262_144)
+LLMGW_ROUTING_PREFIX_WEIGHT = env.float("LLMGW_ROUTING_PREFIX_WEIGHT", default=3.0)
+LLMGW_ROUTING_QUEUE_WEIGHT = env.float("LLMGW_ROUTING_QUEUE_WEIGHT", default=2.0)
+LLMGW_ROUTING_KV_WEIGHT = env.float("LLMGW_ROUTING_KV_WEIGHT", default=2.0)
+LLMGW_ROUTING_BALANCE_ABS = env.int("LLMGW_ROUTING_BALANCE_ABS", default=4)
+LLMGW_ROUTING_BALANCE_REL = env.float("LLMGW_ROUTING_BALANCE_REL", default=1.5)
 # The web processes of one machine add up their /metrics figures through files
 # here (prometheus_client's multiprocess mode). prometheus_client takes the
 # directory from its environment variable when it is imported, hence the

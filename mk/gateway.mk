@@ -21,3 +21,20 @@ bench-gateway-deps: $(STAMP) $(BENCH_VENVS)/litellm/.installed
 
 bench-gateway: bench-gateway-deps
 	$(PY) bench/gateway.py $(BENCH_GATEWAY_ARGS)
+
+# make bench-routing: the routing policies side by side on 8 sim engines that
+# model a KV cache (docs/benchmarks.md); about 5 minutes on a shared 2-core box.
+#   make bench-routing BENCH_ROUTING_ARGS="--seconds 30 --gateways 2"
+# make bench-routing-pure: the routing decision's CPU and the cost of reading engines' /metrics.
+BENCH_ROUTING_ARGS ?=
+
+.PHONY: bench-routing bench-routing-pure bench-gateway-profile
+
+bench-routing: $(STAMP)
+	$(PY) bench/routing.py $(BENCH_ROUTING_ARGS)
+
+bench-routing-pure: $(STAMP)
+	$(PY) bench/routing_pure.py
+
+bench-gateway-profile: $(STAMP)
+	$(PY) bench/gateway_profile.py

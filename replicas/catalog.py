@@ -23,7 +23,7 @@ from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, 
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env")
+FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing")
 
 
 class CatalogInvalid(ValueError):

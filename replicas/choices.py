@@ -7,6 +7,14 @@ class Engine(models.TextChoices):
     SIM = "sim"
 
 
+class RoutingPolicy(models.TextChoices):
+    """How the gateway picks one of a model's ready replicas (gateway.scoring)."""
+
+    LEAST_OUTSTANDING = "least-outstanding"
+    CACHE_AWARE = "cache-aware"
+    SESSION = "session"
+
+
 class ReplicaStatus(models.TextChoices):
     PENDING = "pending"
     SCHEDULED = "scheduled"

@@ -3,7 +3,7 @@ from django.db import models
 
 from nodes.models import Fabric, Gpu, Node
 
-from .choices import DrainStatus, Engine, MemberState, ReplicaStatus
+from .choices import DrainStatus, Engine, MemberState, ReplicaStatus, RoutingPolicy
 
 MODEL_NAME = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
@@ -24,6 +24,8 @@ class CatalogEntry(models.Model):
     replicas = models.PositiveIntegerField(default=1)
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    # How the gateway spreads requests over the ready replicas (docs/gateway.md#routing-policies).
+    routing = models.CharField(max_length=32, choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
     # Why the shape can never fit the cluster as it is (empty when it can).
     never_fits_reason = models.TextField(blank=True)
     # Pruned from the catalog: its replicas stop, then the entry goes.
@@ -40,6 +42,8 @@ class CatalogEntry(models.Model):
         permissions = [("trust_engine_code", "Can let engines run code shipped with model weights")]
         constraints = [
             models.CheckConstraint(condition=models.Q(engine__in=Engine.values), name="%(app_label)s_%(class)s_engine_valid"),
+            models.CheckConstraint(condition=models.Q(routing__in=RoutingPolicy.values),
+                                   name="%(app_label)s_%(class)s_routing_valid"),
             models.CheckConstraint(condition=models.Q(nodes__gte=1), name="%(app_label)s_%(class)s_nodes_positive"),
             models.CheckConstraint(condition=models.Q(gpus_per_node__gte=1), name="%(app_label)s_%(class)s_gpus_positive"),
         ]

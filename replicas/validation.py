@@ -15,13 +15,13 @@ from rest_framework import serializers
 
 from core.strict import StrictInput
 
-from .choices import Engine
+from .choices import Engine, RoutingPolicy
 from .engines import EngineArgsError, adapter_for, check_entry, check_env
 from .engines.policy import refusal_message
 from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
-ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env"]
+ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -70,6 +70,7 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     nodes = serializers.IntegerField(min_value=1, max_value=64, default=1)
     gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1)
+    routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
 
     class Meta:
         model = CatalogEntry
