@@ -8,11 +8,13 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from rest_framework.exceptions import ValidationError
 
 from core.choices import EventSeverity
 from core.events import event_record
-from core.exceptions import NotFound
+from core.exceptions import InvalidTransition, NotFound
 
+from .autoscaling.policy import policy_clean
 from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
 from .envmask import env_unmask
@@ -22,7 +24,10 @@ from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, 
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env")
+# model_scale_bounds's arguments are the policy's names.
+min_, max_ = min, max
+
+FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "autoscale")
 
 
 class CatalogInvalid(ValueError):
@@ -60,9 +65,8 @@ def catalog_validate(entries: list[Any], *, admin: bool = True,
         try:
             value = catalog_entry_clean(data)
         except CatalogEntryInvalid as exc:
-            for field, messages in exc.errors.items():
-                for message in messages if isinstance(messages, list) else [messages]:
-                    errors.append(f"{label}: {field}: {message}")
+            for field, message in _flat(exc.errors):
+                errors.append(f"{label}: {field}: {message}")
             continue
         if not admin and not _held_unchanged(value, (held or {}).get(value["name"])):
             errors.extend(f"{label}: args: {message}" for message in admin_only_problems(value))
@@ -73,6 +77,30 @@ def catalog_validate(entries: list[Any], *, admin: bool = True,
     if errors:
         raise CatalogInvalid(errors)
     return clean
+
+
+def _flat(errors: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Field errors, nested ones (the autoscale policy's) as ``autoscale.min``."""
+    if isinstance(errors, dict):
+        out = []
+        for field, messages in errors.items():
+            name = prefix if field == "non_field_errors" and prefix else f"{prefix}.{field}" if prefix else field
+            out.extend(_flat(messages, name))
+        return out
+    if isinstance(errors, list):
+        return [pair for item in errors for pair in _flat(item, prefix)]
+    return [(prefix, str(errors))]
+
+
+def _autoscaled_count(data: dict[str, Any], model: CatalogEntry | None) -> None:
+    """With a policy, the replica count is the autoscaler's: an existing model
+    keeps its count (within the new bounds), a new one starts at the given
+    count within them. The count in the entry never fights the autoscaler."""
+    policy = data.get("autoscale")
+    if not policy:
+        return
+    start = model.replicas if model is not None and model.autoscale else data.get("replicas", 1)
+    data["replicas"] = min(max(start, policy["min"]), policy["max"])
 
 
 def _keep_masked_secrets(data: dict[str, Any], model: CatalogEntry | None) -> None:
@@ -115,6 +143,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
         for data in clean:
             model = existing.get(data["name"])
             _keep_masked_secrets(data, model)
+            _autoscaled_count(data, model)
             if model is None:
                 model = CatalogEntry.objects.create(**data)
                 result["created"].append(model.name)
@@ -168,6 +197,8 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
         model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
         if model is None:
             raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
+        if model.autoscale:
+            raise AutoscaledModel(model_scale_refusal(model))
         previous = model.replicas
         model.replicas = replicas
         model.save(update_fields=["replicas", "updated_at"])
@@ -178,12 +209,55 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
     return model
 
 
+class AutoscaledModel(InvalidTransition):
+    """A replica count set by hand on a model whose count the autoscaler sets (a 409)."""
+
+
+def model_scale_refusal(model: CatalogEntry) -> str:
+    p = model.autoscale
+    return (f"{model.name} is autoscaled ({p['min']}-{p['max']} replicas, now {model.replicas}): its replica count "
+            f"follows the load. Set its bounds instead ('llmgw ctl scale {model.name} --min N --max M'), or remove "
+            "its autoscale policy from the catalog to fix the count by hand")
+
+
+def model_scale_bounds(*, name: str, min: int | None = None, max: int | None = None, actor: str = "") -> CatalogEntry:
+    """Set an autoscaled model's bounds (``ctl scale --min/--max``); the count
+    moves into them at once, the autoscaler does the rest."""
+    with transaction.atomic():
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
+        if model is None:
+            raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
+        if not model.autoscale:
+            raise CatalogInvalid([f"{name} has no autoscale policy: --min and --max bound an autoscaled model; "
+                                  f"give a count ('llmgw ctl scale {name} N') or add 'autoscale:' to its entry"])
+        wanted = {**model.autoscale, **({"min": min} if min is not None else {}),
+                  **({"max": max} if max is not None else {})}
+        try:
+            policy = policy_clean(wanted)
+        except ValidationError as exc:
+            raise CatalogInvalid([f"{name}: autoscale.{field}: {message}"
+                                  for field, message in _flat(exc.detail)]) from None
+        previous = (model.autoscale["min"], model.autoscale["max"], model.replicas)
+        model.autoscale = policy
+        model.replicas = min_(max_(model.replicas, policy["min"]), policy["max"])
+        model.save(update_fields=["autoscale", "replicas", "updated_at"])
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
+                     message=f"{name} autoscale bounds {previous[0]}-{previous[1]} -> {policy['min']}-{policy['max']}"
+                     + (f", replicas {previous[2]} -> {model.replicas}" if model.replicas != previous[2] else "")
+                     + (f" by {actor}" if actor else ""),
+                     data={"actor": actor, "min": policy["min"], "max": policy["max"]})
+        reconcile_after_commit()
+    return model
+
+
 def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
     """One entry, created or updated (the REST API and the admin)."""
     with transaction.atomic():
         held = catalog_held(CatalogEntry.objects.select_for_update(no_key=True).filter(name=str(entry.get("name", ""))))
         (data,) = catalog_validate([entry], admin=admin, held=held)
-        _keep_masked_secrets(data, CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first())
+        current = CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first()
+        _keep_masked_secrets(data, current)
+        _autoscaled_count(data, current)
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:
