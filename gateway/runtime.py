@@ -29,6 +29,8 @@ from django.db import close_old_connections
 from . import selectors, services
 from .metrics import GatewayMetrics
 from .bodycheck import Checker
+from .hold import Holds
+from .load_report import LoadReport
 from .routing import Key, RoutingTable
 from .services import KEY_PREFIX
 
@@ -56,6 +58,9 @@ class Gateway:
     def __init__(self) -> None:
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.table = RoutingTable()
+        # Autoscaling: requests held for a model that is starting, and this process's load per model.
+        self.holds = Holds()
+        self.load = LoadReport()
         self.metrics = GatewayMetrics()
         self.open = settings.LLMGW_GATEWAY_OPEN
         # key id -> [requests, prompt tokens, completion tokens], not yet in the database
@@ -148,6 +153,7 @@ class Gateway:
             if usage:
                 services.key_usage_add(usage={k: tuple(v) for k, v in usage.items()})
             services.gateway_process_forget(name=self.name)
+            self.load.forget(self)
         except Exception:
             logger.exception("gateway could not write its last usage counts")
 
@@ -260,6 +266,7 @@ class Gateway:
                 self._db, lambda: services.gateway_process_publish(
                     name=self.name, routes=list(state[0]), inflight_counts=dict(state[1])))
             self._published, self._published_at = state, now
+        await self.load.sync(self, loop)
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
             await loop.run_in_executor(self._db, services.gateway_processes_prune)
