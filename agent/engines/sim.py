@@ -1,7 +1,15 @@
 """A simulated multi-node engine: the launch sequence of vLLM or SGLang without GPUs.
 
     python -m agent.engines.sim --rank R --nnodes N --rendezvous HOST:PORT \\
-        --host H --port P --model NAME --fabric F [--token-delay S]
+        --host H --port P --model NAME --fabric F [performance model flags]
+
+The leader's answers take the time an engine would (``sim_model``: a batch
+limit, a prefix KV cache, prefill and decode times), with flags named as
+vLLM's where vLLM has them: ``--max-num-seqs``, ``--block-size``,
+``--num-gpu-blocks-override``, ``--max-model-len``,
+``--[no-]enable-prefix-caching``, and the sim's own ``--prefill-overhead``,
+``--prefill-time-per-token``, ``--decode-step-base``,
+``--decode-step-per-seq`` (seconds) and ``--token-delay`` (flat timing).
 
 Rank 0, the leader, binds the rendezvous port and waits until every worker
 (ranks 1..N-1) has joined; only then does it bind its HTTP port and serve
@@ -30,6 +38,7 @@ import threading
 import time
 
 from .sim_api import SimModel, make_server, serve_in_thread
+from .sim_model import DEFAULT_NUM_GPU_BLOCKS, SimParams
 
 logger = logging.getLogger("llmgw.sim")
 
@@ -121,7 +130,7 @@ class Leader:
         self._serve()
 
     def _serve(self) -> None:
-        model = SimModel(self.args.model, self.args.token_delay)
+        model = SimModel(self.args.model, self.args.params)
         try:
             server = make_server(self.args.host, self.args.port, model)
         except OSError as exc:
@@ -249,15 +258,63 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="leader's HTTP port")
     parser.add_argument("--model", required=True)
     parser.add_argument("--fabric", default="", help="this member's fabric ('' for none)")
-    parser.add_argument("--token-delay", type=float, default=0.02, help="seconds between streamed tokens")
     parser.add_argument("--join-timeout", type=float, default=600.0, help="give up forming the group after this")
     parser.add_argument("--peer-timeout", type=float, default=5.0, help="a peer silent this long is gone")
+    model = parser.add_argument_group(
+        "performance model", "an 8B model on one 80 GB GPU unless told otherwise (docs/agent.md#the-sim-engines-performance-model)")
+    model.add_argument("--max-num-seqs", type=int, default=SimParams.max_num_seqs,
+                       help="requests running at once; the others wait, first come first served")
+    model.add_argument("--block-size", type=int, default=SimParams.block_size, help="tokens per KV-cache block")
+    model.add_argument("--num-gpu-blocks-override", type=int, default=DEFAULT_NUM_GPU_BLOCKS,
+                       help="KV-cache capacity in blocks")
+    model.add_argument("--max-model-len", type=int, default=SimParams.max_model_len,
+                       help="longest prompt + output, in tokens; longer requests get 400")
+    model.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=SimParams.enable_prefix_caching, help="reuse cached prompt blocks")
+    model.add_argument("--prefill-overhead", type=float, default=None,
+                       help=f"seconds added to every time to first token (default {SimParams.prefill_overhead:g})")
+    model.add_argument("--prefill-time-per-token", type=float, default=None,
+                       help=f"seconds per uncached prompt token (default {SimParams.prefill_time_per_token:g})")
+    model.add_argument("--decode-step-base", type=float, default=None,
+                       help=f"seconds per decode step with one request running (default {SimParams.decode_step_base:g})")
+    model.add_argument("--decode-step-per-seq", type=float, default=None,
+                       help=f"seconds added to a decode step per running request (default {SimParams.decode_step_per_seq:g})")
+    model.add_argument("--token-delay", type=float, default=None,
+                       help="flat timing, as before the model: every decode step takes this long whatever the load, "
+                            "and prefill takes no time (each unless set by its own flag)")
     args = parser.parse_args(argv)
     if args.nnodes < 1 or not 0 <= args.rank < args.nnodes:
         parser.error(f"--rank {args.rank} must be in 0..{args.nnodes - 1}")
     if args.nnodes > 1:
         _split_addr(args.rendezvous)
+    args.params = params_from_args(args)
+    problems = args.params.problems()
+    if problems:
+        parser.error("; ".join(problems))
     return args
+
+
+def params_from_args(args: argparse.Namespace) -> SimParams:
+    """The performance model's parameters. ``--token-delay`` (the flat timing
+    of the engine before it had a model) sets the decode step and zeroes the
+    load and prefill terms that are not set by their own flags."""
+    flat = args.token_delay is not None
+
+    def timing(value: float | None, default: float) -> float:
+        return value if value is not None else (0.0 if flat else default)
+
+    return SimParams(
+        max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks_override,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        prefill_overhead=timing(args.prefill_overhead, SimParams.prefill_overhead),
+        prefill_time_per_token=timing(args.prefill_time_per_token, SimParams.prefill_time_per_token),
+        decode_step_base=args.decode_step_base if args.decode_step_base is not None else (
+            args.token_delay if flat else SimParams.decode_step_base),
+        decode_step_per_seq=timing(args.decode_step_per_seq, SimParams.decode_step_per_seq),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

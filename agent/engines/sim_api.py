@@ -1,10 +1,17 @@
 """The simulated engine's OpenAI-compatible HTTP API (served by the leader only).
 
-``/health``, ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``,
-streaming (server-sent events, one token per event, ``token_delay`` apart)
-and not, with usage counts, in the shapes the OpenAI API and vLLM use. The
-"model" says the same sentence every time; what it exercises is the path a
-request takes, not what a model would answer.
+``/health``, ``/metrics`` (Prometheus, vLLM's names: ``sim_metrics``),
+``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``, streaming
+(server-sent events, one token per event) and not, with usage counts (and
+``prompt_tokens_details.cached_tokens``) in the shapes the OpenAI API and
+vLLM use. The "model" says the same sentence every time; what it exercises
+is the path a request takes and the time an engine would take
+(``sim_model``: queueing, prefix caching, prefill and decode), not what a
+model would answer.
+
+Each request is a thread of the HTTP server that waits for its turn and
+sleeps through its prefill and decode steps; the engine model only does
+arithmetic under a lock, so a request costs little more than its sleep.
 """
 
 from __future__ import annotations
@@ -15,46 +22,69 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from .sim_metrics import CONTENT_TYPE_LATEST, SimMetrics
+from .sim_model import RequestTooLarge, SimEngine, SimParams
 
 _WORD = re.compile(r"\S+")
 
 
+def words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
 def count_tokens(text: str) -> int:
-    return len(_WORD.findall(text))
+    return len(words(text))
 
 
 class SimModel:
-    def __init__(self, name: str, token_delay: float) -> None:
+    """The served model: its name, its reply, its performance model and metrics."""
+
+    def __init__(self, name: str, params: SimParams | None = None) -> None:
         self.name = name
-        self.token_delay = token_delay
+        self.params = params or SimParams()
+        self.engine = SimEngine(self.params)
+        self.metrics = SimMetrics(name, self.engine)
         self.created = int(time.time())
         self.sentence = f"This is {name} answering from the llmgw simulated engine; no GPU was harmed."
 
     def tokens(self, max_tokens: int | None) -> tuple[list[str], str]:
-        """The reply as tokens (each but the first carries its leading space), and the finish reason."""
+        """The reply as tokens (each but the first carries its leading space), and the finish reason.
+
+        Without ``max_tokens`` the model says its sentence and stops; with it,
+        it says exactly that many tokens (the sentence over again), as a
+        benchmark asking for a length wants.
+        """
         words = self.sentence.split(" ")
-        tokens = [w if i == 0 else " " + w for i, w in enumerate(words)]
-        if max_tokens is not None and max_tokens < len(tokens):
-            return tokens[:max_tokens], "length"
-        return tokens, "stop"
+        if max_tokens is None:
+            return [w if i == 0 else " " + w for i, w in enumerate(words)], "stop"
+        return [words[i % len(words)] if i == 0 else " " + words[i % len(words)] for i in range(max_tokens)], "length"
 
 
-def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[str]:
+    """The prompt as the engine's tokens: whitespace-separated words, and a
+    marker per chat message (so the same text always gives the same blocks)."""
     if chat:
-        total = 0
+        tokens: list[str] = []
         for message in body.get("messages") or []:
+            role = message.get("role") if isinstance(message, dict) else None
+            tokens.append(f"<|{role if isinstance(role, str) else 'user'}|>")
             content = message.get("content") if isinstance(message, dict) else None
             if isinstance(content, str):
-                total += count_tokens(content)
+                tokens += words(content)
             elif isinstance(content, list):
-                total += sum(count_tokens(p.get("text", "")) for p in content if isinstance(p, dict))
-            total += 1  # the role marker
-        return total
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text", ""), str):
+                        tokens += words(part.get("text", ""))
+        return tokens
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
-        return sum(count_tokens(p) if isinstance(p, str) else 1 for p in prompt)
-    return count_tokens(str(prompt))
+        tokens = []
+        for item in prompt:
+            tokens += words(item) if isinstance(item, str) else [str(item)]
+        return tokens
+    return words(str(prompt))
 
 
 class BadRequest(Exception):
@@ -81,6 +111,8 @@ class SimHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/health":
             self._send(200, b"", "text/plain")
+        elif path == "/metrics":
+            self._send(200, self.model.metrics.exposition(), CONTENT_TYPE_LATEST)
         elif path == "/v1/models":
             self._json(200, {
                 "object": "list",
@@ -124,38 +156,78 @@ class SimHandler(BaseHTTPRequestHandler):
         if chat and not isinstance(body.get("messages"), list):
             raise BadRequest(400, "'messages' must be a list of {role, content}")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or max_tokens < 1):
             raise BadRequest(400, "'max_tokens' must be a positive integer")
+        prompt = _prompt_tokens(body, chat)
+        limit = self.model.params.max_model_len
+        if len(prompt) + (max_tokens or 1) > limit:
+            raise BadRequest(400, (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt) + (max_tokens or 0)} tokens ({len(prompt)} in the messages, {max_tokens or 0} in the "
+                "completion). Please reduce the length of the messages or completion."))
         tokens, finish = self.model.tokens(max_tokens)
-        usage = {
-            "prompt_tokens": _prompt_tokens(body, chat),
-            "completion_tokens": len(tokens),
-            "total_tokens": 0,
-        }
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._stream(_events(self.model, ident, tokens, finish, usage if include_usage else None, chat))
-            return
-        time.sleep(self.model.token_delay * len(tokens))
-        text = "".join(tokens)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        self._json(200, {
-            "id": ident, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": self.model.name, "choices": [choice], "usage": usage,
-        })
+        engine, metrics = self.model.engine, self.model.metrics
+        arrival = time.monotonic()
+        try:
+            ticket = engine.submit(prompt, len(tokens), arrival)
+        except RequestTooLarge as exc:
+            raise BadRequest(400, str(exc)) from None
+        stream = bool(body.get("stream"))
+        generated = 0
+        try:
+            if stream:
+                self._stream_start()  # vLLM answers 200 at once, and the events as they come
+            ticket.admitted.wait()
+            metrics.admitted(ticket)
+            _sleep_until(ticket.first_token_at)
+            engine.computed(ticket)
+            usage = {
+                "prompt_tokens": len(prompt),
+                "total_tokens": len(prompt) + len(tokens),
+                "completion_tokens": len(tokens),
+                "prompt_tokens_details": {"cached_tokens": ticket.cached_tokens},
+            }
+            ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+            if stream:
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-    def _stream(self, events: Iterator[dict[str, Any] | None]) -> None:
+                def pace() -> None:
+                    nonlocal generated
+                    generated += 1
+                    step = engine.decode_step()
+                    if step > 0:
+                        time.sleep(step)
+
+                self._stream_events(_events(self.model, ident, tokens, finish,
+                                            usage if include_usage else None, chat, pace))
+                generated = len(tokens)
+                return
+            _decode(engine, len(tokens) - 1)
+            generated = len(tokens)
+            text = "".join(tokens)
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                          "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            self._json(200, {
+                "id": ident, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model.name, "choices": [choice], "usage": usage,
+            })
+        finally:
+            engine.finish(ticket, time.monotonic(), generated)
+            metrics.finished(time.monotonic() - arrival)
+
+    def _stream_start(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        self.wfile.flush()
+
+    def _stream_events(self, events: Iterator[dict[str, Any] | None]) -> None:
         for event in events:
             data = b"data: [DONE]\n\n" if event is None else b"data: " + json.dumps(event).encode() + b"\n\n"
             self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
@@ -179,8 +251,32 @@ class SimHandler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-def _events(model: SimModel, ident: str, tokens: list[str], finish: str, usage: dict | None, chat: bool):
-    """The SSE events of one streamed completion; None stands for ``[DONE]``."""
+# A non-streamed answer sleeps through its decode steps in slices of about
+# this long, reading the running count (and so the step's length) again
+# before each: a hundred wake-ups for a thousand tokens, not a thousand.
+DECODE_SLICE = 0.05
+
+
+def _decode(engine: SimEngine, steps: int) -> None:
+    while steps > 0:
+        step = engine.decode_step()
+        if step <= 0:
+            return
+        n = min(steps, max(1, int(DECODE_SLICE / step)))
+        time.sleep(n * step)
+        steps -= n
+
+
+def _sleep_until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _events(model: SimModel, ident: str, tokens: list[str], finish: str, usage: dict | None, chat: bool,
+            pace: Callable[[], None]):
+    """The SSE events of one streamed completion; None stands for ``[DONE]``.
+    ``pace`` waits one decode step before every token after the first."""
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -195,8 +291,9 @@ def _events(model: SimModel, ident: str, tokens: list[str], finish: str, usage: 
     if chat:
         yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None})
-    for token in tokens:
-        time.sleep(model.token_delay)
+    for i, token in enumerate(tokens):
+        if i:
+            pace()
         if chat:
             yield chunk({"index": 0, "delta": {"content": token}, "logprobs": None, "finish_reason": None})
         else:

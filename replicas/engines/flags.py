@@ -162,7 +162,7 @@ def parse_user_args(adapter: "EngineAdapter", args: list[str], table: OptionTabl
     for i, token in enumerate(args):
         if not isinstance(token, str):
             raise EngineArgsError(f"args[{i}] must be a string, not {type(token).__name__} ({token!r})")
-    engine = f"{adapter.name} {table.version}" if table else adapter.name
+    engine = f"{adapter.name} {table.version}" if table and table.version else adapter.name
     parsed: list[UserFlag] = []
     i = 0
     while i < len(args):

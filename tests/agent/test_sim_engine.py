@@ -142,7 +142,8 @@ def test_single_node_serves_the_openai_api(sim):
         assert chat["choices"][0]["message"]["role"] == "assistant"
         assert len(chat["choices"][0]["message"]["content"].split()) == 4
         assert chat["choices"][0]["finish_reason"] == "length"
-        assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+        assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
 
         completion = client.post("/v1/completions", json={"model": "sim-model", "prompt": "once upon"}).json()
         assert completion["object"] == "text_completion" and completion["choices"][0]["finish_reason"] == "stop"
@@ -181,3 +182,84 @@ def test_single_node_serves_the_openai_api(sim):
         assert bad.status_code == 400
     leader.send_signal(signal.SIGTERM)
     assert exit_code(leader) == 0
+
+
+def _metrics(client: httpx.Client) -> dict[str, float]:
+    """The engine's /metrics as {name: value} (one model, one series each), read with prometheus-client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    values = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.labels.get("model_name") == "sim-model" and "le" not in sample.labels:
+                values[sample.name] = sample.value
+    return values
+
+
+def _first_token_after(client: httpx.Client, prompt: str) -> tuple[float, dict]:
+    """Seconds to the first streamed token, and the usage of the final chunk."""
+    started = time.monotonic()
+    first, usage = None, None
+    with client.stream("POST", "/v1/completions", json={
+        "model": "sim-model", "prompt": prompt, "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True},
+    }) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if first is None and event["choices"] and event["choices"][0]["text"]:
+                first = time.monotonic() - started
+            usage = event.get("usage") or usage
+    return first, usage
+
+
+def test_a_repeated_long_prefix_is_answered_from_cache_and_a_full_batch_queues(tmp_path):
+    """A real sim engine: the second request with the same 4,000-token prefix
+    finds it cached (vLLM's cached_tokens) and its first token comes sooner;
+    requests beyond --max-num-seqs wait, and /metrics says so."""
+    http = free_port()
+    argv = [sys.executable, "-m", "agent.engines.sim", "--rank", "0", "--nnodes", "1", "--port", str(http),
+            "--model", "sim-model", "--max-num-seqs", "2", "--prefill-time-per-token", "0.0002",
+            "--prefill-overhead", "0.01", "--decode-step-base", "0.02", "--decode-step-per-seq", "0"]
+    with open(tmp_path / "sim.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: healthy(http), 15, message="serving")
+        prefix = " ".join(f"doc{i}" for i in range(4000))
+        with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=30) as client:
+            cold, cold_usage = _first_token_after(client, prefix + " first question?")
+            warm, warm_usage = _first_token_after(client, prefix + " another question?")
+            assert cold_usage["prompt_tokens_details"] == {"cached_tokens": 0}
+            assert warm_usage["prompt_tokens_details"]["cached_tokens"] == 4000  # 250 blocks of 16
+            assert cold >= 0.8  # 4,002 uncached tokens x 0.2 ms
+            assert warm < cold / 3, (cold, warm)
+            plain = client.post("/v1/completions", json={"model": "sim-model", "prompt": prefix, "max_tokens": 2})
+            assert plain.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 3984  # the last block recomputed
+            seen = _metrics(client)
+            assert seen["vllm:prefix_cache_queries_total"] == 4002 + 4002 + 4000
+            assert seen["vllm:prefix_cache_hits_total"] == 4000 + 3984
+            assert seen["vllm:time_to_first_token_seconds_count"] == 3
+            assert seen["vllm:num_requests_running"] == seen["vllm:num_requests_waiting"] == 0
+
+            # Five requests of 40 tokens (about 0.8 s each) on a batch of two.
+            def ask(i: int) -> int:
+                body = {"model": "sim-model", "prompt": f"question {i}", "max_tokens": 40}
+                return httpx.post(f"http://127.0.0.1:{http}/v1/completions", json=body, timeout=30).status_code
+
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(5) as pool:
+                futures = [pool.submit(ask, i) for i in range(5)]
+                busy = wait_until(lambda: (lambda m: m if m["vllm:num_requests_waiting"] == 3 else None)(
+                    _metrics(client)), 10, interval=0.02, message="three requests waiting")
+                assert busy["vllm:num_requests_running"] == 2 and busy["vllm:kv_cache_usage_perc"] > 0
+                assert [f.result() for f in futures] == [200] * 5
+            done = _metrics(client)
+            assert done["vllm:num_requests_waiting"] == 0 and done["vllm:request_success_total"] == 8
+            assert done["vllm:request_queue_time_seconds_sum"] > 0.5  # the last ones waited two turns
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
