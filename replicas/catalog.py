@@ -250,6 +250,34 @@ def model_scale_bounds(*, name: str, min: int | None = None, max: int | None = N
     return model
 
 
+def model_autoscale_set(*, name: str, policy: dict[str, Any] | None, actor: str = "") -> CatalogEntry:
+    """Give a model an autoscaling policy, change it, or (None) take it away:
+    the count then stays where the autoscaler left it, fixed."""
+    with transaction.atomic():
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
+        if model is None:
+            raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
+        clean = None
+        if policy is not None:
+            try:
+                clean = policy_clean(policy)
+            except ValidationError as exc:
+                raise CatalogInvalid([f"{name}: autoscale{'.' + f if f else ''}: {m}"
+                                      for f, m in _flat(exc.detail)]) from None
+        before = model.replicas
+        model.autoscale = clean
+        if clean:
+            model.replicas = min_(max_(model.replicas, clean["min"]), clean["max"])
+        model.save(update_fields=["autoscale", "replicas", "updated_at"])
+        what = (f"autoscales {clean['min']}-{clean['max']}" if clean else f"has a fixed count of {model.replicas}")
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
+                     message=f"{name} {what}" + (f" (replicas {before} -> {model.replicas})"
+                                                 if model.replicas != before else "")
+                     + (f" by {actor}" if actor else ""), data={"actor": actor, "autoscale": clean})
+        reconcile_after_commit()
+    return model
+
+
 def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
     """One entry, created or updated (the REST API and the admin)."""
     with transaction.atomic():
