@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..models import CatalogEntry
-from .policy import policy_of
+from .policy import Policy, policy_of
 
 
 def autoscaled_hold_limits() -> dict[str, tuple[int, float]]:
@@ -16,3 +16,8 @@ def autoscaled_hold_limits() -> dict[str, tuple[int, float]]:
         if policy is not None:
             out[name] = (policy.hold_max, policy.hold_wait)
     return out
+
+
+def autoscaled_policies() -> dict[str, Policy]:
+    return {name: policy_of(stored) for name, stored in
+            CatalogEntry.objects.exclude(autoscale=None).filter(removing=False).values_list("name", "autoscale")}
