@@ -122,3 +122,32 @@ def test_a_model_that_fits_nowhere_asks_for_no_more(load):
     load["qwen"] = (40, 0, None)
     decision = service.autoscale_tick()["qwen"]
     assert decision.rule == "capacity" and not decision.changes
+
+
+def test_two_models_wanting_the_same_gpus_pile_up_nothing_and_do_not_flap(load):
+    from replicas import reconcile
+
+    node_with_gpus("node01", gpus=3)
+    policy = dict(POLICY, max=6, max_step=2)
+    catalog_apply(entries=[{"name": name, "engine": "sim", "model": "/m", "replicas": 1, "autoscale": policy}
+                           for name in ("alpha", "beta")])
+    reconcile.replicas_reconcile()
+    load.update(alpha=(40, 0, None), beta=(40, 0, None))
+    seen: dict[str, list[int]] = {"alpha": [], "beta": []}
+    try:
+        for _ in range(8):
+            service.autoscale_tick()
+            reconcile.replicas_reconcile()
+            for name in seen:
+                seen[name].append(CatalogEntry.objects.get(name=name).replicas)
+    finally:
+        history.store().client.delete(*(history.KEY.format(n) for n in seen))
+    placed = Replica.objects.exclude(status__in=[ReplicaStatus.PENDING, ReplicaStatus.STOPPED]).count()
+    assert placed == 3  # every GPU used
+    for name, counts in seen.items():
+        # One step up at most (max_step 2), then nothing more while a replica waits for GPUs.
+        assert counts == sorted(counts) and counts[-1] <= 3, (name, counts)
+        assert len(set(counts[2:])) == 1, (name, counts)
+    pending = Replica.objects.filter(status=ReplicaStatus.PENDING)
+    assert pending.exists() and all(r.pending_reason for r in pending)
+    assert Event.objects.filter(kind="autoscale").count() <= 2
