@@ -35,11 +35,13 @@ def _wanted() -> int:
     return CatalogEntry.objects.get(name=MODEL).replicas
 
 
-def _start(sim_cluster, web_factory, policy: dict, replicas: int = 1, token_delay: str = "0.05", webs: int = 1):
+def _start(sim_cluster, web_factory, policy: dict, replicas: int = 1, token_delay: str = "0.05", webs: int = 1,
+           env: dict | None = None):
     cluster = sim_cluster(**FAST)
     servers = [web_factory(LLMGW_GATEWAY_OPEN="1", **fast_env(), **FAST) for _ in range(webs)]
     catalog_apply(entries=[{"name": MODEL, "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 1,
-                            "replicas": replicas, "args": ["--token-delay", token_delay], "autoscale": policy}])
+                            "replicas": replicas, "args": ["--token-delay", token_delay], "autoscale": policy,
+                            "env": env or {}}])
     if replicas:
         wait_until(lambda: _ready() >= replicas, timeout=60, message="the first replicas ready")
         for web in servers:
@@ -81,7 +83,8 @@ def _ask(url: str, results: list, index: int, stream: bool) -> None:
 def test_scaled_to_zero_then_brought_back_by_requests_past_the_bound_get_429(sim_cluster, web_factory):
     policy = {"min": 0, "max": 2, "target": 4, "up_after": 1, "down_after": 2, "cooldown": 0, "zero_after": 10,
               "hold_max": 2, "hold_wait": 60}
-    _, (web,) = _start(sim_cluster, web_factory, policy)
+    # The engine takes 3 s to start (as a real one loads its weights): the held requests wait for it.
+    _, (web,) = _start(sim_cluster, web_factory, policy, env={"LLMGW_SIM_COLD_START": "3"})
     wait_until(lambda: _wanted() == 0 and _ready() == 0, timeout=60, message="the model to go to zero when idle")
     assert Event.objects.filter(kind="autoscale", data__rule="zero").exists()
     results: list = []
@@ -97,6 +100,9 @@ def test_scaled_to_zero_then_brought_back_by_requests_past_the_bound_get_429(sim
     # The first two are held and served (the streamed one whole); the third is past the bound.
     assert by_index[0][1] == 200 and "[DONE]" in by_index[0][3], by_index[0]
     assert by_index[1][1] == 200, by_index[1]
+    assert by_index[0][4] >= 3.0, "served before the engine's cold start was over"
+    # In arrival order: the first held request was answered no later than the second.
+    assert by_index[0][5] <= by_index[1][5] + 0.5
     refused = by_index[2]
     assert refused[1] == 429 and int(refused[2]["retry-after"]) >= 1
     assert '"code": "model_starting"' in refused[3] and "is starting" in refused[3]
@@ -113,3 +119,24 @@ def test_two_gateway_processes_load_summed(sim_cluster, web_factory):
         # Each process's own record holds only its part.
         busy = [r for r in store().records().values() if r["models"].get(MODEL, [0])[0] > 0]
         assert len(busy) == 2
+
+
+def test_the_engines_queue_as_the_signal(sim_cluster, web_factory):
+    # One request at a time per engine: the rest wait in its queue, which its /metrics shows.
+    policy = {"min": 1, "max": 2, "metric": "engine_queue", "target": 1, "up_after": 1, "cooldown": 0}
+    cluster = sim_cluster(**FAST)
+    web = web_factory(LLMGW_GATEWAY_OPEN="1", **fast_env(), **FAST)
+    catalog_apply(entries=[{"name": MODEL, "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 1,
+                            "replicas": 1, "args": ["--token-delay", "0.05", "--max-num-seqs", "1"],
+                            "autoscale": policy}])
+    wait_until(lambda: _ready() == 1, timeout=60, message="the first replica ready")
+    wait_until(lambda: httpx.get(f"{web.url}/v1/models", timeout=5).json()["data"], timeout=10,
+               message="the gateway to route the model")
+    with Traffic(web.url, threads=4, model=MODEL, limit=60) as traffic:
+        wait_until(lambda: Event.objects.filter(kind="autoscale", data__rule="up").exists(), timeout=30,
+                   message="a scale-up on the engines' queue")
+    up = Event.objects.get(kind="autoscale", data__rule="up")
+    assert up.data["engine_waiting"] >= 2 and up.data["metric"] == "engine_queue"
+    assert "waiting in the engines' queues" in up.message
+    assert traffic.failures() == []
+    assert cluster is not None
