@@ -92,7 +92,7 @@ def _flat(errors: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, str(errors))]
 
 
-def _autoscaled_count(data: dict[str, Any], model: CatalogEntry | None) -> None:
+def autoscaled_count(data: dict[str, Any], model: CatalogEntry | None) -> None:
     """With a policy, the replica count is the autoscaler's: an existing model
     keeps its count (within the new bounds), a new one starts at the given
     count within them. The count in the entry never fights the autoscaler."""
@@ -143,7 +143,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
         for data in clean:
             model = existing.get(data["name"])
             _keep_masked_secrets(data, model)
-            _autoscaled_count(data, model)
+            autoscaled_count(data, model)
             if model is None:
                 model = CatalogEntry.objects.create(**data)
                 result["created"].append(model.name)
@@ -285,7 +285,7 @@ def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
         (data,) = catalog_validate([entry], admin=admin, held=held)
         current = CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first()
         _keep_masked_secrets(data, current)
-        _autoscaled_count(data, current)
+        autoscaled_count(data, current)
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:

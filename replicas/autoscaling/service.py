@@ -16,6 +16,7 @@ import logging
 import time
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
@@ -69,8 +70,11 @@ def autoscale_tick(*, model_name: str | None = None) -> dict[str, Decision]:
         policy = policy_of(model.autoscale)
         at = time.time()
         sig = model_signals(model, policy, loads.get(model.name, (0, 0, None)), at)
+        window = _window(policy)
+        # Read no more than the window holds (a tick every interval, plus the gateways' wake-ups).
+        limit = int(window / max(settings.LLMGW_AUTOSCALE_INTERVAL, 0.2)) * 2 + 20
         past = [Sample(**{k: v for k, v in s.items() if k in Sample.__dataclass_fields__})
-                for s in store.read(model.name, since=at - _window(policy))]
+                for s in store.read(model.name, since=at - window, limit=limit)]
         last = model.autoscaled_at.timestamp() if model.autoscaled_at else None
         decision = decide(policy=policy, signals=sig, history=past, last_change_at=last)
         store.append(model.name, {**decision.sample.to_dict(), "inflight": sig.inflight, "held": sig.held,
