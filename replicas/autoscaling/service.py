@@ -22,11 +22,12 @@ from django.db.models import Count
 from django.utils import timezone
 
 from core.events import event_record
+from nodes.models import Gpu
 
 from .. import hooks
 from ..choices import PLACED, ReplicaEventKind, ReplicaStatus
 from ..enqueue import reconcile_after_commit
-from ..models import CatalogEntry, Replica
+from ..models import CatalogEntry, GpuAllocation, Member, Replica
 from ..services import replica_transition
 from . import history, signals
 from .choice import Candidate, scale_down_pick
@@ -87,10 +88,40 @@ def autoscale_tick(*, model_name: str | None = None) -> dict[str, Decision]:
     return out
 
 
+def _nodes_wanted_for_pending(model_id: int) -> dict[int, int]:
+    """{node id: GPUs a single-node pending replica of another model needs more
+    than the node has free}: the nodes where freeing a replica lets it fit."""
+    needs = sorted(set(Replica.objects.filter(status=ReplicaStatus.PENDING, model__nodes=1)
+                       .exclude(model_id=model_id).exclude(pending_reason="")
+                       .values_list("model__gpus_per_node", flat=True)))
+    if not needs:
+        return {}
+    gpus = dict(Gpu.objects.filter(missing_since=None).values_list("node_id").annotate(n=Count("id")).order_by())
+    used = dict(GpuAllocation.objects.values_list("node_id").annotate(n=Count("id")).order_by())
+    short = {}
+    for node_id, total in gpus.items():
+        free = total - used.get(node_id, 0)
+        missing = [need - free for need in needs if free < need <= total]
+        if missing:
+            short[node_id] = min(missing)
+    return short
+
+
 def _candidates(model_id: int) -> list[Candidate]:
     rows = Replica.objects.filter(model_id=model_id, draining=False, status__in=[ReplicaStatus.PENDING, *PLACED])
-    return [Candidate(r.pk, r.status, hooks.replica_inflight(replica_id=r.pk) if r.status == ReplicaStatus.READY
-                      else 0) for r in rows]
+    short = _nodes_wanted_for_pending(model_id)
+    held = {}
+    if short:
+        for replica_id, node_id, gpus in Member.objects.filter(replica__in=rows).values_list(
+                "replica_id", "node_id", "gpus"):
+            held.setdefault(replica_id, []).append((node_id, len(gpus or [])))
+    out = []
+    for r in rows:
+        ready = r.status == ReplicaStatus.READY
+        helps = any(node in short and count >= short[node] for node, count in held.get(r.pk, []))
+        out.append(Candidate(r.pk, r.status, hooks.replica_inflight(replica_id=r.pk) if ready else 0,
+                             wanted_for_pending=ready and helps))
+    return out
 
 
 def model_autoscale_apply(*, model_id: int, decision: Decision, signals: Signals, policy: Policy,
@@ -107,7 +138,9 @@ def model_autoscale_apply(*, model_id: int, decision: Decision, signals: Signals
             to = ReplicaStatus.STOPPED if candidate.status == ReplicaStatus.PENDING else ReplicaStatus.STOPPING
             replica_transition(replica_id=candidate.replica_id, to=to, expected=candidate.status,
                                reason=f"{model.name} scaled down by its autoscaler "
-                               f"({candidate.inflight} request(s) in flight on it: it stops once they finish)")
+                               f"({candidate.inflight} request(s) in flight on it: it stops once they finish"
+                               + ("; its GPUs let a pending replica fit" if candidate.wanted_for_pending else "")
+                               + ")")
         model.replicas = decision.to
         model.autoscaled_at = timezone.now()
         model.save(update_fields=["replicas", "autoscaled_at"])

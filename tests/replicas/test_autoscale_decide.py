@@ -152,3 +152,12 @@ def test_capacity_stops_the_pile_up():
                last_change_at=None)
     assert (d.to, d.rule) == (None, "capacity")
     assert "1 replica(s) already wait for GPUs" in d.reason
+
+
+def test_scale_down_choice_order():
+    from replicas.autoscaling.choice import Candidate, scale_down_pick
+
+    candidates = [Candidate(1, "ready", 0), Candidate(2, "ready", 3, wanted_for_pending=True),
+                  Candidate(3, "starting"), Candidate(4, "pending"), Candidate(5, "ready", 0)]
+    assert [c.replica_id for c in scale_down_pick(candidates, 5)] == [4, 3, 2, 5, 1]
+    assert scale_down_pick(candidates, 0) == []
