@@ -68,24 +68,32 @@ def autoscale_tick(*, model_name: str | None = None) -> dict[str, Decision]:
     store = history.store()
     out = {}
     for model in models:
-        policy = policy_of(model.autoscale)
-        at = time.time()
-        sig = model_signals(model, policy, loads.get(model.name, (0, 0, None)), at)
-        window = _window(policy)
-        # Read no more than the window holds (a tick every interval, plus the gateways' wake-ups).
-        limit = int(window / max(settings.LLMGW_AUTOSCALE_INTERVAL, 0.2)) * 2 + 20
-        past = [Sample(**{k: v for k, v in s.items() if k in Sample.__dataclass_fields__})
-                for s in store.read(model.name, since=at - window, limit=limit)]
-        last = model.autoscaled_at.timestamp() if model.autoscaled_at else None
-        decision = decide(policy=policy, signals=sig, history=past, last_change_at=last)
-        store.append(model.name, {**decision.sample.to_dict(), "inflight": sig.inflight, "held": sig.held,
-                                  "engine_waiting": sig.engine_waiting, "kv_usage": sig.kv_usage,
-                                  "rule": decision.rule, "to": decision.to})
-        if decision.changes and model_autoscale_apply(model_id=model.pk, decision=decision, signals=sig,
-                                                      policy=policy, seen_at=model.autoscaled_at):
-            store.count_decision(model.name, decision.rule)
-        out[model.name] = decision
+        try:
+            out[model.name] = _model_tick(model, loads, store)
+        except Exception:  # one model's trouble (Redis away, an engine) must not stop the others' looks
+            logger.exception("autoscale tick failed model=%s; the next tick tries again", model.name)
     return out
+
+
+def _model_tick(model: CatalogEntry, loads: dict, store) -> Decision:
+    """Gather one model's signals, decide, keep the sample, apply a change."""
+    policy = policy_of(model.autoscale)
+    at = time.time()
+    sig = model_signals(model, policy, loads.get(model.name, (0, 0, None)), at)
+    window = _window(policy)
+    # Read no more than the window holds (a tick every interval, plus the gateways' wake-ups).
+    limit = int(window / max(settings.LLMGW_AUTOSCALE_INTERVAL, 0.2)) * 2 + 20
+    past = [Sample(**{k: v for k, v in s.items() if k in Sample.__dataclass_fields__})
+            for s in store.read(model.name, since=at - window, limit=limit)]
+    last = model.autoscaled_at.timestamp() if model.autoscaled_at else None
+    decision = decide(policy=policy, signals=sig, history=past, last_change_at=last)
+    store.append(model.name, {**decision.sample.to_dict(), "inflight": sig.inflight, "held": sig.held,
+                              "engine_waiting": sig.engine_waiting, "kv_usage": sig.kv_usage,
+                              "rule": decision.rule, "to": decision.to})
+    if decision.changes and model_autoscale_apply(model_id=model.pk, decision=decision, signals=sig,
+                                                  policy=policy, seen_at=model.autoscaled_at):
+        store.count_decision(model.name, decision.rule)
+    return decision
 
 
 def _nodes_wanted_for_pending(model_id: int) -> dict[int, int]:
