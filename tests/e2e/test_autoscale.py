@@ -87,6 +87,11 @@ def test_scaled_to_zero_then_brought_back_by_requests_past_the_bound_get_429(sim
     _, (web,) = _start(sim_cluster, web_factory, policy, env={"LLMGW_SIM_COLD_START": "3"})
     wait_until(lambda: _wanted() == 0 and _ready() == 0, timeout=60, message="the model to go to zero when idle")
     assert Event.objects.filter(kind="autoscale", data__rule="zero").exists()
+    # Its last replica gone from the gateway's routing table and stopped.
+    wait_until(lambda: not httpx.get(f"{web.url}/v1/models", timeout=5).json()["data"], timeout=10,
+               message="the gateway to stop routing the model")
+    wait_until(lambda: not Replica.objects.filter(model__name=MODEL).exclude(status=ReplicaStatus.STOPPED).exists(),
+               timeout=30, message="the last replica stopped")
     results: list = []
     threads = []
     for index, stream in enumerate((True, False, True)):
