@@ -54,6 +54,24 @@ def check_health(url: str, timeout: float) -> bool:
 ENGINE_WORK = "work"
 
 
+# A sim engine's cold start (seconds), set in its catalog entry's env: the
+# process waits that long, then becomes the engine (the same pid), as a real
+# engine spends its first seconds loading weights. For autoscaling's tests
+# and benchmark (bench/autoscale.py); real engines ignore it.
+SIM_COLD_START = "LLMGW_SIM_COLD_START"
+_SLEEP_THEN_EXEC = "import os, sys, time; time.sleep(float(sys.argv[1])); os.execv(sys.argv[2], sys.argv[2:])"
+
+
+def _sim_cold_start(argv: list[str], env: dict[str, str]) -> list[str]:
+    if argv[1:3] != ["-m", "agent.engines.sim"] or not env.get(SIM_COLD_START):
+        return argv
+    try:
+        delay = float(env[SIM_COLD_START])
+    except ValueError:
+        return argv
+    return [sys.executable, "-c", _SLEEP_THEN_EXEC, str(max(0.0, delay)), *argv] if delay > 0 else argv
+
+
 def _as_user(user: EngineUser, directory: Path, env: dict[str, str]) -> tuple[Path, dict]:
     """The working directory and Popen arguments of an engine run as ``user``.
 
@@ -118,6 +136,7 @@ class EngineProcess:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in spec.env.items()})
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        argv = _sim_cold_start(argv, env)
         cwd, identity = directory, {}
         if user is not None:
             cwd, identity = _as_user(user, directory, env)

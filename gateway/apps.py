@@ -10,6 +10,7 @@ class GatewayConfig(AppConfig):
         # the models are. A failure to import is a failure to start.
         from replicas import hooks
 
-        from . import selectors
+        from . import load_report, selectors
 
         hooks.inflight_providers.append(selectors.replica_inflight)
+        hooks.load_providers.append(load_report.deployment_load)

@@ -8,6 +8,7 @@ class ErrorKind(models.TextChoices):
     INVALID_API_KEY = "invalid_api_key"
     MODEL_NOT_FOUND = "model_not_found"
     NO_READY_REPLICA = "no_ready_replica"
+    MODEL_STARTING = "model_starting"  # an autoscaled model held past its bounds (gateway/hold.py)
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
     BODY_TIMEOUT = "body_timeout"
@@ -32,6 +33,7 @@ ERROR_TYPES = {
     408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    429: "requests",
     500: "server_error",
     502: "server_error",
     503: "server_error",

@@ -24,6 +24,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from .autoscale_metrics import autoscale_families
+
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -152,6 +154,7 @@ class ClusterCollector:
                                 value=sum(a for a, _, _ in cluster["gpus"].values()))
         yield GaugeMetricFamily("llmgw_gpus_free", "GPUs not allocated, on nodes that are not lost, cluster-wide.",
                                 value=sum(f for _, f, _ in cluster["gpus"].values()))
+        yield from autoscale_families(cluster.get("autoscale"))
 
 
 def _forget_dead_gauges() -> None:

@@ -31,6 +31,8 @@ from . import inflight, selectors, services
 from .bodycheck import Checker, Hashing
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY, EngineScraper
 from .metrics import GatewayMetrics
+from .hold import Holds
+from .load_report import LoadReport
 from .routing import CACHE_AWARE, Key, RoutingTable
 from .scoring import Knobs
 from .services import KEY_PREFIX
@@ -71,6 +73,9 @@ class Gateway:
                                      per_second=settings.LLMGW_GATEWAY_ENGINE_SCRAPES_PER_SECOND,
                                      timeout=min(2.0, settings.LLMGW_GATEWAY_CONNECT_TIMEOUT))
         self._scrape_task: asyncio.Task | None = None
+        # Autoscaling: requests held for a model that is starting, and this process's load per model.
+        self.holds = Holds()
+        self.load = LoadReport()
         self.metrics = GatewayMetrics()
         self.open = settings.LLMGW_GATEWAY_OPEN
         # key id -> [requests, prompt tokens, completion tokens], not yet in the database
@@ -178,6 +183,7 @@ class Gateway:
             if usage:
                 services.key_usage_add(usage={k: tuple(v) for k, v in usage.items()})
             services.gateway_process_forget(name=self.name)
+            self.load.forget(self)
         except Exception:
             logger.exception("gateway could not write its last usage counts")
 
@@ -293,6 +299,7 @@ class Gateway:
                 self._db, lambda: services.gateway_process_publish(
                     name=self.name, routes=list(state[0]), inflight_counts=dict(state[1])))
             self._published, self._published_at = state, now
+        await self.load.sync(self, loop)
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
             await loop.run_in_executor(self._db, services.gateway_processes_prune)

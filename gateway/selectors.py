@@ -22,6 +22,7 @@ from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
 
 from . import engineload, inflight
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY
+from .autoscale_metrics import autoscale_gauges
 from .models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -187,4 +188,5 @@ def cluster_gauges() -> dict[str, Any]:
         "node_heartbeat_age": {n.name: age_seconds(seen.get(n.name)) for n in nodes},
         # (allocated, free, unavailable): a lost node's GPUs are not free, whatever it held.
         "gpus": {n.name: _gpu_states(n.status, allocated.get(n.name, 0), gpus.get(n.name, 0)) for n in nodes},
+        "autoscale": autoscale_gauges(),
     }

@@ -154,6 +154,15 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         # to some models learns nothing of the others, not even their names.
         return _refuse(gw, endpoint, "", 404, _unknown_model_message(gw, key, model), ErrorKind.MODEL_NOT_FOUND,
                        param="model")
+    if model in gw.table.catalog:
+        gw.load.seen(model)
+    if model not in gw.table.by_model and gw.holds.holds(model):
+        # Autoscaled and starting (at zero, say): held until a replica is ready (gateway/hold.py).
+        refused = await gw.holds.hold(gw, model)
+        if refused is not None:
+            gw.metrics.request(model, "", endpoint, refused.status_code)
+            gw.metrics.error(model, ErrorKind.MODEL_STARTING)
+            return refused
     if model not in gw.table.by_model:
         if model in gw.table.catalog:
             return _refuse(gw, endpoint, model, 503, f"Model `{model}` has no ready replica right now; try again shortly.",

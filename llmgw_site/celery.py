@@ -31,6 +31,13 @@ def _beat_schedule(sender, **_kwargs):
             "schedule": settings.LLMGW_RECONCILE_INTERVAL,
             "options": {"expires": settings.LLMGW_RECONCILE_INTERVAL},
         },
+        # Autoscaling: cheap (a few Redis reads per autoscaled model), so short;
+        # a gateway that holds a request for a model at zero asks at once too.
+        "replicas-autoscale": {
+            "task": "replicas.tasks.replicas_autoscale",
+            "schedule": settings.LLMGW_AUTOSCALE_INTERVAL,
+            "options": {"expires": settings.LLMGW_AUTOSCALE_INTERVAL},
+        },
         "provisioning-resume-stalled": {
             "task": "provisioning.tasks.jobs_resume_stalled",
             "schedule": settings.LLMGW_PROVISION_SWEEP_INTERVAL,

@@ -271,6 +271,10 @@ LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)
 LLMGW_STOP_GRACE = env.float("LLMGW_STOP_GRACE", default=60.0)
 # How long the gateways take to see a routing change.
 LLMGW_ROUTING_SETTLE = env.float("LLMGW_ROUTING_SETTLE", default=1.5)
+# Autoscaling (replicas/autoscaling): beat looks at every autoscaled model this
+# often; reading one engine's /metrics gives up after the timeout.
+LLMGW_AUTOSCALE_INTERVAL = env.float("LLMGW_AUTOSCALE_INTERVAL", default=2.0)
+LLMGW_AUTOSCALE_ENGINE_TIMEOUT = env.float("LLMGW_AUTOSCALE_ENGINE_TIMEOUT", default=0.5)
 # Ports given to engines on each node (HTTP and rendezvous of each leader).
 # Move smaller replicas to make room for a pending one (replicas/moves.py),
 # at most this many at once; LLMGW_DEFRAG=0 keeps every placement where it is.

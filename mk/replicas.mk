@@ -8,3 +8,11 @@ bench-scheduler: $(STAMP)
 bench-failover: $(STAMP)
 	scripts/services.sh
 	$(PY) bench/failover.py
+
+# make bench-autoscale: the autoscaler on the simulated cluster under a load
+# trace (steady, 4x step, down, idle to zero, burst from zero, noisy); about
+# 6 minutes. The long trace: make bench-autoscale BENCH_AUTOSCALE_ARGS=--full
+.PHONY: bench-autoscale
+bench-autoscale: $(STAMP)
+	scripts/services.sh
+	$(PY) bench/autoscale.py $(BENCH_AUTOSCALE_ARGS)

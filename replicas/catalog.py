@@ -8,12 +8,14 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from rest_framework.exceptions import ValidationError
 
 from core.choices import EventSeverity
 from core.events import event_record
-from core.exceptions import NotFound
+from core.exceptions import InvalidTransition, NotFound
 from core.strict import error_lines, unknown_keys
 
+from .autoscaling.policy import policy_clean
 from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
 from .envmask import env_unmask
@@ -23,7 +25,10 @@ from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, 
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing")
+# model_scale_bounds's arguments are the policy's names.
+min_, max_ = min, max
+
+FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale")
 
 
 class CatalogInvalid(ValueError):
@@ -92,6 +97,30 @@ def catalog_validate(entries: list[Any], *, admin: bool = True,
     return clean
 
 
+def _flat(errors: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Field errors, nested ones (the autoscale policy's) as ``autoscale.min``."""
+    if isinstance(errors, dict):
+        out = []
+        for field, messages in errors.items():
+            name = prefix if field == "non_field_errors" and prefix else f"{prefix}.{field}" if prefix else field
+            out.extend(_flat(messages, name))
+        return out
+    if isinstance(errors, list):
+        return [pair for item in errors for pair in _flat(item, prefix)]
+    return [(prefix, str(errors))]
+
+
+def autoscaled_count(data: dict[str, Any], model: CatalogEntry | None) -> None:
+    """With a policy, the replica count is the autoscaler's: an existing model
+    keeps its count (within the new bounds), a new one starts at the given
+    count within them. The count in the entry never fights the autoscaler."""
+    policy = data.get("autoscale")
+    if not policy:
+        return
+    start = model.replicas if model is not None and model.autoscale else data.get("replicas", 1)
+    data["replicas"] = min(max(start, policy["min"]), policy["max"])
+
+
 def _keep_masked_secrets(data: dict[str, Any], model: CatalogEntry | None) -> None:
     """A secret sent back masked (as the API showed it) keeps its stored value."""
     if "env" not in data:
@@ -132,6 +161,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
         for data in clean:
             model = existing.get(data["name"])
             _keep_masked_secrets(data, model)
+            autoscaled_count(data, model)
             if model is None:
                 model = CatalogEntry.objects.create(**data)
                 result["created"].append(model.name)
@@ -185,6 +215,8 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
         model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
         if model is None:
             raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
+        if model.autoscale:
+            raise AutoscaledModel(model_scale_refusal(model))
         previous = model.replicas
         model.replicas = replicas
         model.save(update_fields=["replicas", "updated_at"])
@@ -195,12 +227,83 @@ def model_scale(*, name: str, replicas: int, actor: str = "") -> CatalogEntry:
     return model
 
 
+class AutoscaledModel(InvalidTransition):
+    """A replica count set by hand on a model whose count the autoscaler sets (a 409)."""
+
+
+def model_scale_refusal(model: CatalogEntry) -> str:
+    p = model.autoscale
+    return (f"{model.name} is autoscaled ({p['min']}-{p['max']} replicas, now {model.replicas}): its replica count "
+            f"follows the load. Set its bounds instead ('llmgw ctl scale {model.name} --min N --max M'), or remove "
+            "its autoscale policy from the catalog to fix the count by hand")
+
+
+def model_scale_bounds(*, name: str, min: int | None = None, max: int | None = None, actor: str = "") -> CatalogEntry:
+    """Set an autoscaled model's bounds (``ctl scale --min/--max``); the count
+    moves into them at once, the autoscaler does the rest."""
+    with transaction.atomic():
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
+        if model is None:
+            raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
+        if not model.autoscale:
+            raise CatalogInvalid([f"{name} has no autoscale policy: --min and --max bound an autoscaled model; "
+                                  f"give a count ('llmgw ctl scale {name} N') or add 'autoscale:' to its entry"])
+        wanted = {**model.autoscale, **({"min": min} if min is not None else {}),
+                  **({"max": max} if max is not None else {})}
+        try:
+            policy = policy_clean(wanted)
+        except ValidationError as exc:
+            raise CatalogInvalid([f"{name}: autoscale.{field}: {message}"
+                                  for field, message in _flat(exc.detail)]) from None
+        previous = (model.autoscale["min"], model.autoscale["max"], model.replicas)
+        model.autoscale = policy
+        model.replicas = min_(max_(model.replicas, policy["min"]), policy["max"])
+        model.save(update_fields=["autoscale", "replicas", "updated_at"])
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
+                     message=f"{name} autoscale bounds {previous[0]}-{previous[1]} -> {policy['min']}-{policy['max']}"
+                     + (f", replicas {previous[2]} -> {model.replicas}" if model.replicas != previous[2] else "")
+                     + (f" by {actor}" if actor else ""),
+                     data={"actor": actor, "min": policy["min"], "max": policy["max"]})
+        reconcile_after_commit()
+    return model
+
+
+def model_autoscale_set(*, name: str, policy: dict[str, Any] | None, actor: str = "") -> CatalogEntry:
+    """Give a model an autoscaling policy, change it, or (None) take it away:
+    the count then stays where the autoscaler left it, fixed."""
+    with transaction.atomic():
+        model = CatalogEntry.objects.select_for_update(no_key=True).filter(name=name).first()
+        if model is None:
+            raise NotFound(f"no model named {name!r} in the catalog; 'llmgw ctl models' lists them")
+        clean = None
+        if policy is not None:
+            try:
+                clean = policy_clean(policy)
+            except ValidationError as exc:
+                raise CatalogInvalid([f"{name}: autoscale{'.' + f if f else ''}: {m}"
+                                      for f, m in _flat(exc.detail)]) from None
+        before = model.replicas
+        model.autoscale = clean
+        if clean:
+            model.replicas = min_(max_(model.replicas, clean["min"]), clean["max"])
+        model.save(update_fields=["autoscale", "replicas", "updated_at"])
+        what = (f"autoscales {clean['min']}-{clean['max']}" if clean else f"has a fixed count of {model.replicas}")
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
+                     message=f"{name} {what}" + (f" (replicas {before} -> {model.replicas})"
+                                                 if model.replicas != before else "")
+                     + (f" by {actor}" if actor else ""), data={"actor": actor, "autoscale": clean})
+        reconcile_after_commit()
+    return model
+
+
 def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
     """One entry, created or updated (the REST API and the admin)."""
     with transaction.atomic():
         held = catalog_held(CatalogEntry.objects.select_for_update(no_key=True).filter(name=str(entry.get("name", ""))))
         (data,) = catalog_validate([entry], admin=admin, held=held)
-        _keep_masked_secrets(data, CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first())
+        current = CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first()
+        _keep_masked_secrets(data, current)
+        autoscaled_count(data, current)
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)
         if not created:
             for field in FIELDS:

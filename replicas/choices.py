@@ -90,3 +90,4 @@ class ReplicaEventKind(models.TextChoices):
     REPLICA_STATUS = "replica.status"
     REPLICA_PENDING = "replica.pending"
     DRAIN = "drain"
+    AUTOSCALE = "autoscale"

@@ -22,3 +22,27 @@ inflight_providers: list[Callable[..., int]] = []
 
 def replica_inflight(*, replica_id: int) -> int:
     return sum(provider(replica_id=replica_id) for provider in inflight_providers)
+
+
+# () -> {model name: (in flight, held, last request at (unix) or None)}: the
+# requests of every gateway process of the deployment, summed by the provider.
+# Summed again over the providers. The autoscaler's main signal.
+load_providers: list[Callable[[], dict[str, tuple[int, int, float | None]]]] = []
+
+
+def gateway_load() -> dict[str, tuple[int, int, float | None]]:
+    total: dict[str, tuple[int, int, float | None]] = {}
+    for provider in load_providers:
+        for model, (inflight, held, last) in provider().items():
+            was = total.get(model, (0, 0, None))
+            lasts = [x for x in (was[2], last) if x is not None]
+            total[model] = (was[0] + inflight, was[1] + held, max(lasts) if lasts else None)
+    return total
+
+
+# (replicas={replica id: engine base URL}) -> {replica id: {"waiting": int,
+# "running": int, "kv_usage": float}}: the engines' own load. The first
+# provider answers; without one the autoscaler reads the engines' /metrics
+# itself (replicas.autoscaling.signals), so that a routing app which already
+# scrapes them can hand its readings over instead.
+engine_load_providers: list[Callable[..., dict[int, dict]]] = []

@@ -30,6 +30,11 @@ class CatalogEntry(models.Model):
     never_fits_reason = models.TextField(blank=True)
     # Pruned from the catalog: its replicas stop, then the entry goes.
     removing = models.BooleanField(default=False)
+    # The autoscaling policy (replicas.autoscaling.policy), clean with its
+    # defaults; null: the replica count is fixed (set by hand).
+    autoscale = models.JSONField(null=True, blank=True, default=None)
+    # When the autoscaler last changed ``replicas`` (its cooldown runs from here).
+    autoscaled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

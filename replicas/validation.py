@@ -18,10 +18,11 @@ from core.strict import StrictInput
 from .choices import Engine, RoutingPolicy
 from .engines import EngineArgsError, adapter_for, check_entry, check_env
 from .engines.policy import refusal_message
+from .autoscaling.policy import MAX_REPLICAS, PolicyFields
 from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
-ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing"]
+ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -52,8 +53,6 @@ def admin_only_problems(entry: dict[str, Any]) -> list[str]:
         return []  # already refused by engine_problems
 
 
-# The most replicas a model may want (what every entry point accepts).
-MAX_REPLICAS = 10000
 
 
 class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
@@ -71,6 +70,8 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1)
     routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
+    # null (or absent): a fixed replica count; a mapping: the autoscaling policy.
+    autoscale = PolicyFields(required=False, allow_null=True, default=None)
 
     class Meta:
         model = CatalogEntry

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from replicas.catalog import FIELDS, CatalogInvalid, catalog_document_models, catalog_held, catalog_validate
+from replicas.catalog import (FIELDS, CatalogInvalid, autoscaled_count, catalog_document_models, catalog_held,
+                              catalog_validate)
 from replicas.models import CatalogEntry
 
 # catalog_validate's messages: "models[2] (name): field: what is wrong".
@@ -92,6 +93,7 @@ def catalog_preview(*, text: str, prune: bool, admin: bool = False) -> Preview:
         return preview
     for data in clean:
         model = existing.get(data["name"])
+        autoscaled_count(data, model)  # as the apply will: an autoscaled model's count is the autoscaler's
         if model is None:
             preview.created.append(f"{data['name']} ({data.get('replicas', 1)} replicas)")
             continue

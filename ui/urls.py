@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from .views import cluster, events, gateway, nodes, onboarding, provisioning, replicas, tokens
+from .views import cluster, events, gateway, models, nodes, onboarding, provisioning, replicas, tokens
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="ui/login.html"), name="ui-login"),
@@ -21,6 +21,8 @@ urlpatterns = [
     path("replicas/live/", replicas.replicas_live, name="ui-replicas-live"),
     path("replicas/<int:replica_id>/", replicas.replica_page, name="ui-replica"),
     path("models/<str:name>/scale/", replicas.model_scale, name="ui-model-scale"),
+    path("models/<str:name>/", models.model_page, name="ui-model"),
+    path("models/<str:name>/autoscale/", models.model_autoscale, name="ui-model-autoscale"),
     path("catalog/", replicas.catalog_page, name="ui-catalog"),
     path("catalog/apply/", replicas.catalog_apply, name="ui-catalog-apply"),
     path("events/", events.events_page, name="ui-events"),

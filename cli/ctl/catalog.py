@@ -16,9 +16,11 @@ def register(ctl_sub) -> None:
     apply.add_argument("-f", "--file", required=True, help="catalog.yaml ('-' for standard input)")
     apply.add_argument("--prune", action="store_true", help="remove models the file does not list")
     apply.set_defaults(func=_apply)
-    scale = ctl_sub.add_parser("scale", help="set a model's replica count")
+    scale = ctl_sub.add_parser("scale", help="set a model's replica count, or an autoscaled model's bounds")
     scale.add_argument("model")
-    scale.add_argument("replicas", type=int)
+    scale.add_argument("replicas", type=int, nargs="?", help="the count (a model without an autoscale policy)")
+    scale.add_argument("--min", type=int, help="an autoscaled model's fewest replicas")
+    scale.add_argument("--max", type=int, help="an autoscaled model's most replicas")
     scale.set_defaults(func=_scale)
     models = ctl_sub.add_parser("models", help="the catalog, with replica counts and why any cannot be placed")
     output_flag(models)
@@ -49,15 +51,26 @@ def _apply(args) -> int:
 
 
 def _scale(args) -> int:
-    model = api_call("POST", f"/api/v1/models/{args.model}/scale/", json={"replicas": args.replicas})
-    print(f"{model['name']} scaled to {model['replicas']}")
+    bounds = {k: v for k, v in (("min", args.min), ("max", args.max)) if v is not None}
+    if args.replicas is None and not bounds:
+        raise CtlError("give a count ('llmgw ctl scale MODEL N') or an autoscaled model's bounds (--min/--max)")
+    if args.replicas is not None and bounds:
+        raise CtlError("give a count or --min/--max, not both: a count fixes a model, bounds limit its autoscaler")
+    body = bounds if bounds else {"replicas": args.replicas}
+    model = api_call("POST", f"/api/v1/models/{args.model}/scale/", json=body)
+    policy = model.get("autoscale")
+    if policy:
+        print(f"{model['name']} autoscales between {policy['min']} and {policy['max']} replicas (now {model['replicas']})")
+    else:
+        print(f"{model['name']} scaled to {model['replicas']}")
     return 0
 
 
 def _model_row(m: dict) -> list[object]:
     counts = m["replica_counts"]
     notes = m["never_fits_reason"] or "; ".join(m["pending_reasons"])
-    return [m["name"], m["engine"], f"{m['nodes']}x{m['gpus_per_node']}", m["replicas"],
+    want = m["replicas"] if not m.get("autoscale") else f"{m['replicas']} ({m['autoscale']['min']}-{m['autoscale']['max']})"
+    return [m["name"], m["engine"], f"{m['nodes']}x{m['gpus_per_node']}", want,
             counts.get("ready", 0), counts.get("pending", 0), notes]
 
 

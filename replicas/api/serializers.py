@@ -64,10 +64,27 @@ class ModelSerializer(serializers.ModelSerializer):
         return sorted({r.pending_reason for r in model.replica_set.all() if r.status == "pending" and r.pending_reason})
 
 
+_COUNT_ERRORS = {"min_value": "must be {min_value} or more", "max_value": "must be {max_value} or less",
+                 "invalid": "must be a whole number"}
+
+
 class ScaleSerializer(StrictInput, serializers.Serializer):
-    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, error_messages={
-        "min_value": "must be {min_value} or more", "max_value": "must be {max_value} or less",
-        "invalid": "must be a whole number"})
+    """A fixed model: ``replicas``. An autoscaled one: ``min`` and/or ``max``
+    (its bounds); a count for an autoscaled model is refused (409) saying why."""
+
+    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False,
+                                        error_messages=_COUNT_ERRORS)
+    min = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False, error_messages=_COUNT_ERRORS)
+    max = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, error_messages=_COUNT_ERRORS)
+
+    def validate(self, data):
+        bounds = "min" in data or "max" in data
+        if "replicas" in data and bounds:
+            raise serializers.ValidationError("give either replicas (a fixed model) or min/max (an autoscaled "
+                                              "model's bounds), not both")
+        if "replicas" not in data and not bounds:
+            raise serializers.ValidationError("give replicas (a fixed model) or min/max (an autoscaled model)")
+        return data
 
 
 class CatalogApplySerializer(StrictInput, serializers.Serializer):

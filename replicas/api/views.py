@@ -78,7 +78,14 @@ class ModelViewSet(viewsets.ModelViewSet):
     def scale(self, request, name=None):
         serializer = ScaleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        catalog.model_scale(name=name, replicas=serializer.validated_data["replicas"], actor=actor(request))
+        data = serializer.validated_data
+        try:
+            if "replicas" in data:
+                catalog.model_scale(name=name, replicas=data["replicas"], actor=actor(request))
+            else:
+                catalog.model_scale_bounds(name=name, min=data.get("min"), max=data.get("max"), actor=actor(request))
+        except catalog.CatalogInvalid as exc:
+            return _catalog_error(exc)
         return Response(ModelSerializer(self.get_queryset().get(name=name)).data)
 
 

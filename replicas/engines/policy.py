@@ -32,6 +32,8 @@ ALLOWED_ENV_PREFIXES = (
 ALLOWED_ENV_NAMES = frozenset({
     "TZ", "LANG", "LC_ALL", "MAX_JOBS", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CUDA_ARCH_LIST",
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    # A sim engine's cold start in seconds (agent/engine_process.py reads it; a number, loads nothing).
+    "LLMGW_SIM_COLD_START",
 })
 # Within the allowed families: names that load a library or a module, or
 # make an engine unpickle what a request sends.

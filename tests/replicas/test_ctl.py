@@ -123,3 +123,20 @@ def test_api_errors_read_as_sentences():
     assert error_sentence({"non_field_errors": ["a", "b"], "nodes": ["must be at least 1"]}) == (
         "a; b; nodes: must be at least 1")
     assert error_sentence({"env": {"PATH": ["not allowed"]}}) == "env: PATH: not allowed"
+
+
+def test_scale_on_an_autoscaled_model_sets_bounds_or_says_why_not(ctl, tmp_path, no_reconcile_enqueue):
+    path = tmp_path / "catalog.yaml"
+    path.write_text("models:\n  - name: qwen\n    engine: sim\n    model: /m\n"
+                    "    autoscale: {min: 1, max: 4, target: 4}\n")
+    assert ctl("apply", "-f", str(path)).returncode == 0
+    refused = ctl("scale", "qwen", "3")
+    assert refused.returncode != 0
+    assert "qwen is autoscaled (1-4 replicas" in refused.stderr and "--min N --max M" in refused.stderr
+    bounded = ctl("scale", "qwen", "--min", "2", "--max", "6")
+    assert bounded.returncode == 0, bounded.stderr
+    assert "qwen autoscales between 2 and 6 replicas (now 2)" in bounded.stdout
+    listing = json.loads(ctl("models", "-o", "json").stdout)
+    assert listing[0]["autoscale"]["min"] == 2 and listing[0]["replicas"] == 2
+    fixed = ctl("scale", "qwen", "--min", "7")
+    assert fixed.returncode != 0 and "min (7) is above max (6)" in fixed.stderr

@@ -11,7 +11,8 @@ from nodes.models import Node
 pytestmark = pytest.mark.django_db
 
 PAGES = ["/", "/cluster/grid/", "/nodes/node01/", "/nodes/node01/live/", "/replicas/", "/replicas/live/",
-         "/catalog/", "/events/", "/events/live/", "/gateway/", "/provisioning/", "/provisioning/live/"]
+         "/catalog/", "/events/", "/events/live/", "/gateway/", "/provisioning/", "/provisioning/live/",
+         "/models/qwen-7b/"]
 
 
 @pytest.mark.parametrize("url", PAGES)
