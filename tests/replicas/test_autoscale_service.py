@@ -50,7 +50,7 @@ def test_policy_is_validated_by_name():
     with pytest.raises(CatalogInvalid) as exc:
         catalog_apply(entries=[{"name": "qwen", "engine": "sim", "model": "/m",
                                 "autoscale": {"min": 3, "max": 2, "targett": 4}}])
-    assert "models[0] (qwen): autoscale: unknown key(s) targett" in str(exc.value)
+    assert "models[0] (qwen): autoscale.targett: unknown key; did you mean target?" in str(exc.value)
     with pytest.raises(CatalogInvalid) as exc:
         catalog_apply(entries=[{"name": "qwen", "engine": "sim", "model": "/m", "autoscale": {"min": 3, "max": 2}}])
     assert "min (3) is above max (2)" in str(exc.value)
