@@ -35,10 +35,6 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
-def count_tokens(text: str) -> int:
-    return len(words(text))
-
-
 class SimModel:
     """The served model: its name, its reply, its performance model and metrics."""
 
