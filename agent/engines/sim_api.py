@@ -178,12 +178,12 @@ class SimHandler(BaseHTTPRequestHandler):
             while not ticket.admitted.wait(CLIENT_CHECK):
                 if self._client_gone():
                     return  # vLLM aborts a request whose client went away; so does the queue
-            metrics.admitted(ticket)
             while (left := ticket.first_token_at - time.monotonic()) > 0:
                 if self._client_gone():
                     return
                 time.sleep(min(CLIENT_CHECK, left))
             engine.computed(ticket)
+            metrics.admitted(ticket)  # its first token is out: vLLM observes TTFT now
             usage = {
                 "prompt_tokens": len(prompt),
                 "total_tokens": len(prompt) + len(tokens),
