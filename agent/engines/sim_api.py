@@ -35,10 +35,6 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
-def count_tokens(text: str) -> int:
-    return len(words(text))
-
-
 class SimModel:
     """The served model: its name, its reply, its performance model and metrics."""
 
@@ -182,12 +178,12 @@ class SimHandler(BaseHTTPRequestHandler):
             while not ticket.admitted.wait(CLIENT_CHECK):
                 if self._client_gone():
                     return  # vLLM aborts a request whose client went away; so does the queue
-            metrics.admitted(ticket)
             while (left := ticket.first_token_at - time.monotonic()) > 0:
                 if self._client_gone():
                     return
                 time.sleep(min(CLIENT_CHECK, left))
             engine.computed(ticket)
+            metrics.admitted(ticket)  # its first token is out: vLLM observes TTFT now
             usage = {
                 "prompt_tokens": len(prompt),
                 "total_tokens": len(prompt) + len(tokens),
@@ -273,7 +269,7 @@ class SimHandler(BaseHTTPRequestHandler):
 
 # How often a request that waits (in the queue, for its first token) looks
 # whether its client is still there.
-CLIENT_CHECK = 0.25
+CLIENT_CHECK = 1.0
 # A non-streamed answer sleeps through its decode steps in slices of about
 # this long, reading the running count (and so the step's length) again
 # before each: a hundred wake-ups for a thousand tokens, not a thousand.
