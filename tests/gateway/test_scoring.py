@@ -212,3 +212,11 @@ def test_engine_metrics_parse_vllm_names():
         pass
     else:
         raise AssertionError("a page without vLLM's series is not a reading")
+
+
+def test_decisions_reach_metrics():
+    from gateway.metrics import GatewayMetrics, render
+
+    GatewayMetrics().decisions({("m", "guard"): 2, ("m", "prefix"): 5}, {"m": CACHE_AWARE})
+    page = render(None).decode()
+    assert 'llmgw_gateway_routing_decisions_total{model="m",policy="cache-aware",reason="guard"}' in page

@@ -67,3 +67,16 @@ def test_scale_unknown_model_names_it():
 
     with pytest.raises(NotFound, match="no model named 'ghost'"):
         model_scale(name="ghost", replicas=1)
+
+
+def test_routing_policy_is_a_catalog_field_that_reaches_the_gateway_snapshot():
+    from gateway.selectors import routing_snapshot
+
+    catalog_apply(entries=[ENTRY])
+    assert CatalogEntry.objects.get(name="llama-70b").routing == "least-outstanding"  # the default
+    assert catalog_apply(entries=[dict(ENTRY, routing="cache-aware")])["updated"] == ["llama-70b"]
+    assert routing_snapshot().policies == {"llama-70b": "cache-aware"}
+    with pytest.raises(CatalogInvalid) as refused:
+        catalog_apply(entries=[dict(ENTRY, routing="fastest")])
+    assert "routing" in str(refused.value) and "fastest" in str(refused.value)
+    assert CatalogEntry.objects.get(name="llama-70b").routing == "cache-aware"  # nothing changed
