@@ -249,7 +249,7 @@ def _describe(fabrics: dict[int, str]) -> str:
     return ", ".join(f"rank {r}: {f or 'none'}" for r, f in sorted(fabrics.items()))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw sim engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--nnodes", type=int, required=True)
@@ -282,6 +282,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--token-delay", type=float, default=None,
                        help="flat timing, as before the model: every decode step takes this long whatever the load, "
                             "and prefill takes no time (each unless set by its own flag)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.nnodes < 1 or not 0 <= args.rank < args.nnodes:
         parser.error(f"--rank {args.rank} must be in 0..{args.nnodes - 1}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -32,10 +33,6 @@ _WORD = re.compile(r"\S+")
 
 def words(text: str) -> list[str]:
     return _WORD.findall(text)
-
-
-def count_tokens(text: str) -> int:
-    return len(words(text))
 
 
 class SimModel:
@@ -174,14 +171,19 @@ class SimHandler(BaseHTTPRequestHandler):
         except RequestTooLarge as exc:
             raise BadRequest(400, str(exc)) from None
         stream = bool(body.get("stream"))
-        generated = 0
+        generated, answered = 0, False
         try:
             if stream:
                 self._stream_start()  # vLLM answers 200 at once, and the events as they come
-            ticket.admitted.wait()
-            metrics.admitted(ticket)
-            _sleep_until(ticket.first_token_at)
+            while not ticket.admitted.wait(CLIENT_CHECK):
+                if self._client_gone():
+                    return  # vLLM aborts a request whose client went away; so does the queue
+            while (left := ticket.first_token_at - time.monotonic()) > 0:
+                if self._client_gone():
+                    return
+                time.sleep(min(CLIENT_CHECK, left))
             engine.computed(ticket)
+            metrics.admitted(ticket)  # its first token is out: vLLM observes TTFT now
             usage = {
                 "prompt_tokens": len(prompt),
                 "total_tokens": len(prompt) + len(tokens),
@@ -201,10 +203,11 @@ class SimHandler(BaseHTTPRequestHandler):
 
                 self._stream_events(_events(self.model, ident, tokens, finish,
                                             usage if include_usage else None, chat, pace))
-                generated = len(tokens)
+                generated, answered = len(tokens), True
                 return
-            _decode(engine, len(tokens) - 1)
-            generated = len(tokens)
+            generated = 1 + _decode(engine, len(tokens) - 1, self._client_gone)
+            if generated < len(tokens):
+                return
             text = "".join(tokens)
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -215,9 +218,22 @@ class SimHandler(BaseHTTPRequestHandler):
                 "id": ident, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model.name, "choices": [choice], "usage": usage,
             })
+            answered = True
         finally:
-            engine.finish(ticket, time.monotonic(), generated)
-            metrics.finished(time.monotonic() - arrival)
+            engine.finish(ticket, time.monotonic(), generated, ok=answered)
+            if answered:
+                metrics.finished(time.monotonic() - arrival)
+            else:
+                self.close_connection = True
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection (a pipelined next request is not that)."""
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def _stream_start(self) -> None:
         self.send_response(200)
@@ -251,26 +267,28 @@ class SimHandler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
+# How often a request that waits (in the queue, for its first token) looks
+# whether its client is still there.
+CLIENT_CHECK = 0.25
 # A non-streamed answer sleeps through its decode steps in slices of about
 # this long, reading the running count (and so the step's length) again
 # before each: a hundred wake-ups for a thousand tokens, not a thousand.
 DECODE_SLICE = 0.05
 
 
-def _decode(engine: SimEngine, steps: int) -> None:
-    while steps > 0:
+def _decode(engine: SimEngine, steps: int, gone: Callable[[], bool]) -> int:
+    """Sleep through ``steps`` decode steps; the steps done (fewer when the client went away)."""
+    done = 0
+    while done < steps:
         step = engine.decode_step()
         if step <= 0:
-            return
-        n = min(steps, max(1, int(DECODE_SLICE / step)))
+            return steps
+        if gone():
+            return done
+        n = min(steps - done, max(1, int(DECODE_SLICE / step)))
         time.sleep(n * step)
-        steps -= n
-
-
-def _sleep_until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
+        done += n
+    return done
 
 
 def _events(model: SimModel, ident: str, tokens: list[str], finish: str, usage: dict | None, chat: bool,

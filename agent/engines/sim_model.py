@@ -236,8 +236,9 @@ class SimEngine:
             ticket.held.extend(fresh)
             ticket.private -= len(fresh)
 
-    def finish(self, ticket: Ticket, now: float, generated: int | None = None) -> None:
-        """The request is done (or its client went away): release it and admit who can run."""
+    def finish(self, ticket: Ticket, now: float, generated: int | None = None, ok: bool = True) -> None:
+        """The request is done, or aborted (``ok`` false: its client went away):
+        release it and admit who can run."""
         with self.lock:
             if ticket.finished:
                 return
@@ -248,7 +249,7 @@ class SimEngine:
             self.cache.release(ticket.held, ticket.private)
             ticket.held, ticket.private = [], 0
             self.running -= 1
-            self.finished_total += 1
+            self.finished_total += ok
             self.generation_tokens_total += ticket.output_tokens if generated is None else generated
             self._schedule(now)
 

@@ -20,7 +20,7 @@ def test_the_agent_wheel_holds_the_agent_alone_and_is_built_once(tmp_path):
     assert "llmgw-agent = agent.cli:agent_command" in entry_points
     # Every dependency is there as a wheel: a node without internet installs with --no-index.
     wheels = {p.name.split("-")[0].lower() for p in directory.glob("*.whl")}
-    assert {"httpx", "pyyaml", "cryptography", "llmgw_agent", "pip"} <= wheels
+    assert {"httpx", "pyyaml", "cryptography", "prometheus_client", "llmgw_agent", "pip"} <= wheels
     # pip installs the others on the node and is not installed itself.
     assert pip_wheel(directory).name.startswith("pip-")
     assert pip_wheel(directory) not in install_wheels(directory) and agent_wheel(directory) in install_wheels(directory)

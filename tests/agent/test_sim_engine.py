@@ -245,8 +245,8 @@ def test_a_repeated_long_prefix_is_answered_from_cache_and_a_full_batch_queues(t
             assert seen["vllm:num_requests_running"] == seen["vllm:num_requests_waiting"] == 0
 
             # Five requests of 40 tokens (about 0.8 s each) on a batch of two.
-            def ask(i: int) -> int:
-                body = {"model": "sim-model", "prompt": f"question {i}", "max_tokens": 40}
+            def ask(i: int, max_tokens: int = 40) -> int:
+                body = {"model": "sim-model", "prompt": f"question {i}", "max_tokens": max_tokens}
                 return httpx.post(f"http://127.0.0.1:{http}/v1/completions", json=body, timeout=30).status_code
 
             from concurrent.futures import ThreadPoolExecutor
@@ -260,6 +260,20 @@ def test_a_repeated_long_prefix_is_answered_from_cache_and_a_full_batch_queues(t
             done = _metrics(client)
             assert done["vllm:num_requests_waiting"] == 0 and done["vllm:request_success_total"] == 8
             assert done["vllm:request_queue_time_seconds_sum"] > 0.5  # the last ones waited two turns
+
+            # A client that gives up while queued leaves the queue (vLLM aborts it).
+            with ThreadPoolExecutor(2) as pool:
+                futures = [pool.submit(ask, i, 150) for i in range(2)]  # 3 s each
+                wait_until(lambda: _metrics(client)["vllm:num_requests_running"] == 2, 10, interval=0.02,
+                           message="a full batch")
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(f"http://127.0.0.1:{http}/v1/completions", timeout=0.3,
+                               json={"model": "sim-model", "prompt": "impatient", "max_tokens": 5})
+                wait_until(lambda: _metrics(client)["vllm:num_requests_waiting"] == 0, 2, interval=0.02,
+                           message="the abandoned request gone from the queue")
+                assert _metrics(client)["vllm:num_requests_running"] == 2
+                assert [f.result() for f in futures] == [200] * 2
+            assert _metrics(client)["vllm:request_success_total"] == 10  # the abandoned one is no success
     finally:
         proc.terminate()
         assert proc.wait(10) == 0

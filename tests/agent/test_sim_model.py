@@ -172,3 +172,37 @@ def test_block_accounting_holds_under_any_sequence(requests):
     for t in list(live):
         e.finish(t, now=1000.0)
     assert e.cache.used == 0 and e.running == 0 and not e.waiting
+
+
+def test_the_engines_flags_make_the_parameters_and_token_delay_keeps_its_flat_timing(capsys):
+    from agent.engines.sim import parse_args
+
+    base = ["--rank", "0", "--nnodes", "1", "--model", "m"]
+    assert parse_args(base).params == SimParams()
+    flat = parse_args(base + ["--token-delay", "0.01"]).params
+    assert (flat.decode_step_base, flat.decode_step_per_seq, flat.prefill_overhead, flat.prefill_time_per_token) == (
+        0.01, 0.0, 0.0, 0.0)
+    mixed = parse_args(base + ["--token-delay", "0.01", "--prefill-time-per-token", "0.001"]).params
+    assert (mixed.decode_step_base, mixed.prefill_time_per_token) == (0.01, 0.001)
+    vllm_names = parse_args(base + ["--max-num-seqs", "8", "--block-size", "32", "--num-gpu-blocks-override", "64",
+                                    "--max-model-len", "2048", "--no-enable-prefix-caching"]).params
+    assert vllm_names == SimParams(max_num_seqs=8, block_size=32, num_gpu_blocks=64, max_model_len=2048,
+                                   enable_prefix_caching=False)
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--num-gpu-blocks-override", "10"])
+    assert "--max-model-len 32768 is more than the KV cache holds" in capsys.readouterr().err
+
+
+def test_a_prompt_is_words_and_a_marker_per_chat_message():
+    from agent.engines.sim_api import _prompt_tokens
+
+    chat = {"messages": [{"role": "system", "content": "You are  terse."},
+                         {"role": "user", "content": [{"type": "text", "text": "two words"}, {"type": "image_url"}]}]}
+    assert _prompt_tokens(chat, chat=True) == ["<|system|>", "You", "are", "terse.", "<|user|>", "two", "words"]
+    assert _prompt_tokens({"prompt": "a b\nc"}, chat=False) == ["a", "b", "c"]
+    assert _prompt_tokens({"prompt": ["a b", 7]}, chat=False) == ["a", "b", "7"]
+    # The same conversation with one more turn extends the same blocks.
+    longer = {"messages": chat["messages"] + [{"role": "assistant", "content": "ok"}]}
+    first, second = _prompt_tokens(chat, chat=True), _prompt_tokens(longer, chat=True)
+    assert second[:len(first)] == first
+    assert block_hashes(second, 2)[:3] == block_hashes(first, 2)

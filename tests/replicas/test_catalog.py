@@ -67,3 +67,33 @@ def test_scale_unknown_model_names_it():
 
     with pytest.raises(NotFound, match="no model named 'ghost'"):
         model_scale(name="ghost", replicas=1)
+
+
+SIM = {"name": "sim-8b", "engine": "sim", "model": "/models/sim-8b", "nodes": 1, "gpus_per_node": 1, "replicas": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-num-seq", "8"], "--max-num-seq: abbreviated sim flag (could be --max-num-seqs)"),
+        (["--kv-cache-size", "100"], "--kv-cache-size: unknown sim flag"),
+        (["--max-num-seqs", "eight"], "--max-num-seqs eight: must be a whole number of at least 1"),
+        (["--block-size", "0"], "--block-size 0: must be a whole number of at least 1"),
+        (["--prefill-time-per-token", "-0.1"], "--prefill-time-per-token -0.1: must be a number of seconds"),
+        (["--enable-prefix-caching=no"], "--enable-prefix-caching=no: takes no value"),
+        (["--num-gpu-blocks-override", "1000"], "--max-model-len 32768 is more than the sim's KV cache holds"),
+        (["--port", "9000"], "sim flag --port is set by llmgw"),
+    ],
+)
+def test_a_sim_flag_the_engine_does_not_take_is_refused_at_apply(args, message):
+    with pytest.raises(CatalogInvalid) as caught:
+        catalog_apply(entries=[dict(SIM, args=args)])
+    assert any(": args: " in e and message in e for e in caught.value.errors), caught.value.errors
+    assert not CatalogEntry.objects.exists()
+
+
+def test_the_sim_performance_model_is_set_per_catalog_entry():
+    args = ["--max-num-seqs", "32", "--num-gpu-blocks-override", "2000", "--max-model-len", "16384",
+            "--no-enable-prefix-caching", "--decode-step-base=0.02", "--token-delay", "0.01"]
+    assert catalog_apply(entries=[dict(SIM, args=args)])["created"] == ["sim-8b"]
+    assert CatalogEntry.objects.get(name="sim-8b").args == args

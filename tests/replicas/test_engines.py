@@ -449,3 +449,22 @@ def test_member_ports():
     assert member_ports("vllm", nodes=4, rank=3) == ()
     assert member_ports("sim", nodes=2, rank=1) == ()
     assert member_ports("sglang", nodes=2, rank=1) == ("health",)
+
+
+def test_the_sim_flag_table_is_the_sim_engines_parser():
+    """replicas may not import the agent's engine: its table of the sim's flags
+    is held here against the parser it describes, defaults included."""
+    from agent.engines import sim as sim_engine
+    from agent.engines.sim_model import SimParams
+    from replicas.engines.sim import SIM_DEFAULTS, SIM_OPTIONS, SimAdapter
+
+    parser_flags = {name: action for action in sim_engine.build_parser()._actions for name in action.option_strings}
+    known = set(SIM_OPTIONS) | set(SimAdapter.managed) | {"--help", "-h"}
+    assert set(parser_flags) == known
+    for name, option in SIM_OPTIONS.items():
+        action = parser_flags[name]
+        assert action.dest == option.dest, name
+        expected = {"count": int, "seconds": float, "switch": None}[option.kind]
+        assert (action.type if option.kind != "switch" else None) is expected, name
+    assert SIM_DEFAULTS == {"block_size": SimParams.block_size, "num_gpu_blocks_override": SimParams.num_gpu_blocks,
+                            "max_model_len": SimParams.max_model_len}
