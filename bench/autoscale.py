@@ -176,6 +176,8 @@ def main() -> int:
         "LLMGW_DATA_DIR": str(base / "data"), "LLMGW_NODE_GRACE": "5", "LLMGW_SWEEP_INTERVAL": "1",
         "LLMGW_HEARTBEAT_INTERVAL": "1", "LLMGW_RECONCILE_INTERVAL": "1", "LLMGW_ROUTING_SETTLE": "0.5",
         "LLMGW_STOP_GRACE": "30", "LLMGW_AUTOSCALE_INTERVAL": "1", "LLMGW_GATEWAY_OPEN": "1", "PYTHONUNBUFFERED": "1",
+        # The agents and their engines import this tree's code (not an installed copy's).
+        "PYTHONPATH": str(REPO),
     }
     os.environ.update(env)
     from bench.failover import _free_port, _recreate_database
