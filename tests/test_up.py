@@ -312,3 +312,84 @@ def test_llmgw_up_refuses_a_data_dir_it_cannot_make_private(tmp_path):
     assert f"{stuck} (-rw-r--r--" in done.stderr, done.stderr
     assert "llmgw is up" not in done.stdout
     assert stat.S_IMODE(stuck.stat().st_mode) == 0o644
+
+
+def children_named(pid: int, word: str) -> list[int]:
+    """Direct children of ``pid`` whose command line holds ``word``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if ppid == pid and word.encode() in cmdline and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_sigkilled_worker_is_started_again_while_the_gateway_keeps_answering(up_runs):
+    """issue 27: SIGKILL the Celery worker under `llmgw up` while a client
+    keeps calling the gateway: no connection is refused, the worker comes
+    back (a log line and an Event say so) and runs the sweeps again, and
+    everything else keeps its pid."""
+    import threading
+
+    run = up_runs()
+    base = f"http://127.0.0.1:{run.web_port}"
+    db_path = run.data_dir / "llmgw.sqlite3"
+    others = {name: children_named(run.proc.pid, name) for name in ("uvicorn", "gunicorn", "beat")}
+    assert all(len(pids) == 1 for pids in others.values()), others
+    [worker] = children_named(run.proc.pid, "worker")
+
+    answers: list[int] = []
+    refused: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=base, timeout=10) as http:
+            while not stop.is_set():
+                try:
+                    answers.append(http.get("/v1/models").status_code)
+                except httpx.TransportError as exc:
+                    refused.append(repr(exc))
+                time.sleep(0.02)
+
+    def last_sweep() -> str | None:
+        with sqlite3.connect(db_path, timeout=10) as db:
+            row = db.execute("SELECT last_sweep_at FROM nodes_controlplaneclock WHERE id = 1").fetchone()
+        return row[0] if row else None
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        time.sleep(1)
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (back := [p for p in children_named(run.proc.pid, "worker") if p != worker]):
+            assert run.proc.poll() is None, f"llmgw up exited:\n{run.output()}"
+            assert time.monotonic() < deadline, f"the worker did not come back in 60s:\n{run.output()}"
+            time.sleep(0.2)
+        # The new worker does the work: a sweep after its start.
+        restarted_at = last_sweep()
+        deadline = time.monotonic() + 60
+        while last_sweep() == restarted_at:
+            assert time.monotonic() < deadline, f"no sweep after the worker came back:\n{run.output()}"
+            time.sleep(0.5)
+        time.sleep(1)
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+    assert not refused, refused[:5]
+    assert len(answers) > 50 and set(answers) == {401}, (len(answers), set(answers))
+    assert f"worker (pid {worker}) exited with signal SIGKILL" in run.output(), run.output()
+    assert run.proc.poll() is None
+    assert {name: children_named(run.proc.pid, name) for name in others} == others
+    with sqlite3.connect(db_path, timeout=10) as db:
+        events = db.execute("SELECT message FROM nodes_event WHERE subject = 'llmgw-up/worker'").fetchall()
+    assert len(events) == 1 and "starting it again" in events[0][0], events
+    status, left = run.interrupt()
+    assert status == 0, run.output()
+    assert not left, f"still running after Ctrl-C: {sorted(left)}"
