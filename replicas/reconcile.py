@@ -92,7 +92,7 @@ def members_nudge() -> list[str]:
     finds nothing new."""
     before = timezone.now() - NUDGE_AFTER
     stale = Q(replica__status=ReplicaStatus.SCHEDULED, state=MemberState.PENDING) | Q(
-        replica__status=ReplicaStatus.FAILED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=True)
+        replica__status__in=[ReplicaStatus.FAILED, ReplicaStatus.STOPPING], replica__quiesced=True)
     names = sorted(set(
         Member.objects.filter(stale, replica__status_changed_at__lt=before, node__status__in=LIVE)
         .exclude(state=MemberState.GONE).values_list("node__name", flat=True)
