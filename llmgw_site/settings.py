@@ -276,6 +276,9 @@ LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)
 LLMGW_STOP_GRACE = env.float("LLMGW_STOP_GRACE", default=60.0)
 # How long the gateways take to see a routing change.
 LLMGW_ROUTING_SETTLE = env.float("LLMGW_ROUTING_SETTLE", default=1.5)
+# Moving a replica that shares a node with another of its model to where it
+# shares less (replicas/respread.py), one at a time on a quiet cluster.
+LLMGW_SPREAD = env.bool("LLMGW_SPREAD", default=True)
 # Ports given to engines on each node (HTTP and rendezvous of each leader).
 # Move smaller replicas to make room for a pending one (replicas/moves.py),
 # at most this many at once; LLMGW_DEFRAG=0 keeps every placement where it is.

@@ -112,3 +112,50 @@ def test_a_lost_nodes_replica_finishes_its_stream_while_its_replacement_starts(s
     finally:
         cluster.thaw_agent(leader.node.name)
     assert not Member.objects.filter(replica=original).exclude(state="gone").exists()
+
+
+def _ready_nodes(model: str) -> list[str]:
+    return sorted(Member.objects.filter(replica__model__name=model, replica__status=ReplicaStatus.READY,
+                                        replica__draining=False).values_list("node__name", flat=True))
+
+
+def test_a_models_replicas_are_spread_again_after_drains_and_scale_downs(sim_cluster):
+    """Cordons, a drain and a scale-down leave every replica of a model on
+    node01 (each drain and scale-down doing what it must); once the nodes are
+    back in service, one replica moves to the other fabric, replacement
+    first, and the model's two replicas no longer share a node or a fabric."""
+    from core.models import Event
+    from nodes.services import node_cordon, node_uncordon
+    from replicas.catalog import model_scale
+    from replicas.choices import DrainStatus
+    from replicas.drain import drain_start
+    from replicas.models import Drain
+
+    cluster = sim_cluster()  # node01, node02 on ib-a; node03, node04 on ib-b
+    catalog_apply(entries=[{"name": "small", "engine": "sim", "model": "/m", "nodes": 1, "gpus_per_node": 2,
+                            "replicas": 2}])
+    wait_until(lambda: _ready_nodes("small") == ["node01", "node03"], timeout=60, message="small on node01 and node03")
+    node_cordon(node_name="node02")
+    node_cordon(node_name="node04")
+    model_scale(name="small", replicas=3)
+    wait_until(lambda: len(_ready_nodes("small")) == 3, timeout=60, message="three ready replicas")
+    drain = drain_start(node_name="node03")
+    wait_until(lambda: Drain.objects.get(pk=drain.pk).status == DrainStatus.DONE, timeout=90,
+               message="the drain of node03")
+    assert _ready_nodes("small") == ["node01", "node01", "node01"]
+    model_scale(name="small", replicas=2)
+    wait_until(lambda: _ready_nodes("small") == ["node01", "node01"], timeout=30, message="scaled down to two")
+    # Nowhere better to go yet: nothing moves.
+    time.sleep(3)
+    assert not Replica.objects.filter(model__name="small", draining=True).exclude(
+        status__in=[ReplicaStatus.STOPPED, ReplicaStatus.STOPPING]).exists()
+    for name in ("node02", "node03", "node04"):
+        node_uncordon(node_name=name)
+    wait_until(lambda: len(set(_ready_nodes("small"))) == 2 and not Replica.objects.filter(
+        model__name="small", status=ReplicaStatus.STOPPING).exists(), timeout=90,
+        message="small spread again")
+    nodes = _ready_nodes("small")
+    assert "node01" in nodes and {n for n in nodes if n != "node01"} <= {"node03", "node04"}, nodes
+    moved = Event.objects.filter(kind="replica.status", message__contains="to spread the model")
+    assert moved.count() == 1, [e.message for e in moved]
+    assert Replica.objects.filter(model__name="small", status=ReplicaStatus.READY).count() == 2
