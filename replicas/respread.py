@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.events import event_record
+from nodes.models import Node
 
 from . import moves, spread
 from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
@@ -65,24 +66,25 @@ def placed_replicas() -> tuple[dict[str, list[spread.SpreadReplica]], list[tuple
 
 
 def spread_move_start(*, model: CatalogEntry, move: spread.SpreadMove) -> bool:
+    """Mark the original moving and place its replacement, in one
+    transaction. Rows in the lock order (docs/architecture.md): the catalog
+    entry, the destination's nodes (ascending pk), then the original, then
+    its replacement (a higher pk) inside ``placements_persist``."""
     try:
         with transaction.atomic():
-            # The lock order (docs/architecture.md): catalog entry, then replica.
             entry = CatalogEntry.objects.select_for_update(no_key=True).get(pk=model.pk)
-            original = (
-                Replica.objects.select_for_update(of=("self",), no_key=True)
-                .filter(pk=move.replica, status=ReplicaStatus.READY, draining=False).first()
-            )
-            if original is None:
+            list(Node.objects.select_for_update(of=("self",), no_key=True)
+                 .filter(name__in=move.destination.nodes).order_by("pk"))
+            if not Replica.objects.filter(pk=move.replica, status=ReplicaStatus.READY,
+                                          draining=False).update(draining=True):
                 return False
-            Replica.objects.filter(pk=original.pk).update(draining=True)
             replacement = Replica.objects.create(model=entry, status=ReplicaStatus.PENDING,
                                                  status_changed_at=timezone.now())
             event_record(
-                kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{original.pk}",
-                message=f"moving {entry.name} replica {original.pk} to spread the model (replacement: replica "
+                kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{move.replica}",
+                message=f"moving {entry.name} replica {move.replica} to spread the model (replacement: replica "
                 f"{replacement.pk}, ready before the original stops; LLMGW_SPREAD=0 turns this off): {move.reason}",
-                data={"model": entry.name, "replica": original.pk, "replacement": replacement.pk,
+                data={"model": entry.name, "replica": move.replica, "replacement": replacement.pk,
                       "to": list(move.destination.nodes), "fabric": move.destination.fabric, "why": "spread"},
             )
             placements_persist([(replacement, move.destination)])
