@@ -72,7 +72,8 @@ def alive(pid: int) -> bool:
 class Up:
     """One `llmgw up` in the background, its output in a file."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, extra: tuple[str, ...] = ()) -> None:
+        self.extra = extra
         self.data_dir = data_dir
         self.log_path = log_path
         self.web_port = free_port()
@@ -82,7 +83,7 @@ class Up:
     def start(self) -> "Up":
         argv = llmgw_argv() + [
             "up", "--data-dir", str(self.data_dir), "--web-port", str(self.web_port),
-            "--agent-port", str(self.agent_port), "--agent-workers", "1",
+            "--agent-port", str(self.agent_port), "--agent-workers", "1", *self.extra,
         ]
         with open(self.log_path, "wb") as handle:
             self.proc = subprocess.Popen(
@@ -132,8 +133,8 @@ def up_runs(tmp_path):
     runs: list[Up] = []
     data_dir = tmp_path / "llmgw-data"
 
-    def start() -> Up:
-        run = Up(data_dir, tmp_path / f"up-{len(runs)}.log")
+    def start(*extra: str) -> Up:
+        run = Up(data_dir, tmp_path / f"up-{len(runs)}.log", extra)
         runs.append(run)
         return run.start()
 
@@ -331,18 +332,22 @@ def children_named(pid: int, word: str) -> list[int]:
 
 
 def test_a_sigkilled_worker_is_started_again_while_the_gateway_keeps_answering(up_runs):
-    """issue 27: SIGKILL the Celery worker under `llmgw up` while a client
-    keeps calling the gateway: no connection is refused, the worker comes
-    back (a log line and an Event say so) and runs the sweeps again, and
-    everything else keeps its pid."""
+    """issue 27: SIGKILL a Celery worker under `llmgw up` (two web and two
+    worker processes) while a client keeps calling the gateway: no
+    connection is refused, the worker comes back (a log line and an Event
+    say so) and runs the sweeps again, and everything else keeps its pid."""
     import threading
 
-    run = up_runs()
+    run = up_runs("--web-workers", "2", "--workers", "2")
     base = f"http://127.0.0.1:{run.web_port}"
     db_path = run.data_dir / "llmgw.sqlite3"
     others = {name: children_named(run.proc.pid, name) for name in ("uvicorn", "gunicorn", "beat")}
     assert all(len(pids) == 1 for pids in others.values()), others
-    [worker] = children_named(run.proc.pid, "worker")
+    [web] = others["uvicorn"]
+    assert len(descendants(web)) >= 2, "two web processes under uvicorn"
+    workers = sorted(children_named(run.proc.pid, "worker"))
+    assert len(workers) == 2, workers
+    worker, other_worker = workers
 
     answers: list[int] = []
     refused: list[str] = []
@@ -368,7 +373,7 @@ def test_a_sigkilled_worker_is_started_again_while_the_gateway_keeps_answering(u
         time.sleep(1)
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while not (back := [p for p in children_named(run.proc.pid, "worker") if p != worker]):
+        while not (back := set(children_named(run.proc.pid, "worker")) - {worker, other_worker}):
             assert run.proc.poll() is None, f"llmgw up exited:\n{run.output()}"
             assert time.monotonic() < deadline, f"the worker did not come back in 60s:\n{run.output()}"
             time.sleep(0.2)
@@ -384,11 +389,14 @@ def test_a_sigkilled_worker_is_started_again_while_the_gateway_keeps_answering(u
         thread.join(timeout=20)
     assert not refused, refused[:5]
     assert len(answers) > 50 and set(answers) == {401}, (len(answers), set(answers))
-    assert f"worker (pid {worker}) exited with signal SIGKILL" in run.output(), run.output()
+    killed = re.search(rf"(worker-\d) \(pid {worker}\) exited with signal SIGKILL", run.output())
+    assert killed, run.output()
     assert run.proc.poll() is None
     assert {name: children_named(run.proc.pid, name) for name in others} == others
+    assert other_worker in children_named(run.proc.pid, "worker")
     with sqlite3.connect(db_path, timeout=10) as db:
-        events = db.execute("SELECT message FROM nodes_event WHERE subject = 'llmgw-up/worker'").fetchall()
+        events = db.execute("SELECT message FROM nodes_event WHERE subject = ?",
+                            [f"llmgw-up/{killed.group(1)}"]).fetchall()
     assert len(events) == 1 and "starting it again" in events[0][0], events
     status, left = run.interrupt()
     assert status == 0, run.output()

@@ -19,6 +19,11 @@ SECONDS = float(os.environ.get("LLMGW_CONN_TEST_SECONDS", "20"))
 CLIENTS = 8
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def connections_of(pid: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [f"llmgw pid {pid}"])
@@ -53,6 +58,7 @@ def test_the_web_process_holds_no_more_connections_than_its_bound(web_factory, a
     for thread in threads:
         thread.start()
     counts = []
+    cpu_before, wall_before = cpu_seconds(web.proc.pid), time.monotonic()
     try:
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
@@ -63,9 +69,11 @@ def test_the_web_process_holds_no_more_connections_than_its_bound(web_factory, a
         for thread in threads:
             thread.join(timeout=60)
     counts.append(connections_of(web.proc.pid))
+    cpu, wall = cpu_seconds(web.proc.pid) - cpu_before, time.monotonic() - wall_before
     assert not failures, failures[:5]
     assert set(answers) == {200} and sum(answers.values()) > 100, answers
     print(f"web connections over {SECONDS:.0f}s, {sum(answers.values())} requests from {CLIENTS} clients: "
-          f"max {max(counts)}, last {counts[-1]} (bound {bound})")
+          f"max {max(counts)}, last {counts[-1]} (bound {bound}); {sum(answers.values()) / wall:.0f} requests/s, "
+          f"{1000 * cpu / sum(answers.values()):.1f} ms of the web process's CPU per request (a shared machine)")
     assert max(counts) <= bound, counts
     assert min(counts) >= 1  # it did use the database
