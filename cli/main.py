@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--web-port", type=int, default=8000)
     up.add_argument("--agent-port", type=int, default=7443)
-    up.add_argument("--agent-workers", type=int, default=2)
+    up.add_argument("--agent-workers", type=_positive, default=2, help="agent API (gunicorn) worker processes")
+    up.add_argument("--web-workers", type=_positive, default=1, help="web (uvicorn) worker processes")
+    up.add_argument("--workers", type=_positive, default=1, help="Celery worker processes")
     up.set_defaults(func=_cmd_up)
 
     demo = sub.add_parser("demo", help="llmgw with a simulated four-node cluster, in the foreground")
@@ -69,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes of 1 or more")
+    return value
+
+
 def _cmd_up(args) -> int:
     # Before anything is created: the database, its WAL, the broker's files,
     # every child's files, private from the start (cli/datadir.py).
@@ -79,7 +91,8 @@ def _cmd_up(args) -> int:
     from .up import run_up
 
     return run_up(
-        host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers
+        host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers,
+        web_workers=args.web_workers, workers=args.workers,
     )
 
 
