@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from .sim_api import SimModel, make_server, serve_in_thread
+from .sim_api import LOAD, SimModel, make_server, serve_in_thread
 
 logger = logging.getLogger("llmgw.sim")
 
@@ -124,6 +124,7 @@ class Leader:
         model = SimModel(self.args.model, self.args.token_delay)
         try:
             server = make_server(self.args.host, self.args.port, model)
+            LOAD.keep_writing()  # in the member's working directory, for the fake NVML
         except OSError as exc:
             _exit(EXIT_BROKEN, f"cannot serve HTTP on {self.args.host}:{self.args.port}: {exc}")
         logger.info("serving model %s on http://%s:%d", model.name, self.args.host, self.args.port)

@@ -10,6 +10,7 @@ request takes, not what a model would answer.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -18,6 +19,47 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
 _WORD = re.compile(r"\S+")
+
+
+# The leader's load, written where the simulated node's fake NVML reads it
+# (agent.nvml_fake): its GPUs' utilisation follows the requests in flight.
+LOAD_FILE = "sim-load.json"
+
+
+class _Load:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.served = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.served += 1
+
+    def keep_writing(self, path: str = LOAD_FILE, every: float = 0.5) -> None:
+        def loop() -> None:
+            last = None
+            while True:
+                now = (self.in_flight, self.served)
+                if now != last:
+                    try:
+                        with open(path + ".tmp", "w") as f:
+                            json.dump({"in_flight": now[0], "served": now[1], "at": time.time()}, f)
+                        os.replace(path + ".tmp", path)
+                        last = now
+                    except OSError:
+                        pass  # a read-only working directory: no load to show, nothing else changes
+                time.sleep(every)
+
+        threading.Thread(target=loop, name="sim-load", daemon=True).start()
+
+
+LOAD = _Load()
 
 
 def count_tokens(text: str) -> int:
@@ -92,6 +134,7 @@ class SimHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        LOAD.enter()
         try:
             body = self._body()
             if path == "/v1/chat/completions":
@@ -104,6 +147,8 @@ class SimHandler(BaseHTTPRequestHandler):
             self._error(exc.status, str(exc), exc.kind)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        finally:
+            LOAD.leave()
 
     # --- completions -----------------------------------------------------------------------
 
