@@ -170,10 +170,12 @@ class FakeNvml:
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
                 in_flight = 0
-                try:
-                    in_flight = int(json.loads((record.parent / "sim-load.json").read_text())["in_flight"])
-                except (OSError, ValueError, KeyError, TypeError):
-                    pass
+                for load_file in (record.parent / "sim-load.json", record.parent / "work" / "sim-load.json"):
+                    try:
+                        in_flight = int(json.loads(load_file.read_text())["in_flight"])
+                        break
+                    except (OSError, ValueError, KeyError, TypeError):
+                        pass
                 for g in gpus:
                     load[g] = min(100.0, 5.0 + 30.0 * in_flight)
         self._load, self._load_at = load, now

@@ -42,6 +42,12 @@ class _Load:
             self.served += 1
 
     def keep_writing(self, path: str = LOAD_FILE, every: float = 0.5) -> None:
+        # Only in a member's directory (the agent's record beside it, or one
+        # level up for an engine run as another user): a sim engine started
+        # by hand writes nothing where it happens to run.
+        if not (os.path.exists("engine.json") or os.path.exists(os.path.join("..", "engine.json"))):
+            return
+
         def loop() -> None:
             last = None
             while True:
