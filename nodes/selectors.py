@@ -108,8 +108,9 @@ def gpu_health_list(*, node_name: str | None = None) -> list[dict[str, Any]]:
             "node": gpu.node.name, "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
             "health": health, "reason": reason, "quarantined_at": gpu.quarantined_at,
             "last_xid": gpu.last_xid if gpu.last_xid is not None else reading.get("last_xid"),
-            **{k: reading.get(k) for k in ("util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w",
-                                           "power_limit_w", "ecc_corrected", "ecc_uncorrected")},
+            **{k: reading.get(k) for k in ("util", "mem_util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w",
+                                           "power_limit_w", "ecc_corrected", "ecc_uncorrected",
+                                           "pending_retirement", "thermal_throttle")},
             "read_at": at,
         })
     return rows
