@@ -17,9 +17,10 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from nodes import liveness
+from nodes import liveness, telemetry
 from nodes.choices import NodeStatus
 from nodes.models import Gpu, GpuConflict, Node
+from nodes.selectors import STALE_READINGS
 from replicas.choices import DRAIN_ACTIVE
 from replicas.models import Drain, GpuAllocation
 
@@ -150,18 +151,35 @@ def _gpu_warnings() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     return warnings_of, claimed_by
 
 
-def _marked_cell(index: int, held: tuple[int, str] | None, missing_since, claimants: list[str] | None) -> str:
-    """A GPU that is missing or claimed by another node: striped, and its title says so."""
+def _marked_cell(index: int, held: tuple[int, str] | None, missing_since, claimants: list[str] | None,
+                 health: tuple[str, str] | None = None, shade: str = "") -> str:
+    """A GPU that is missing, claimed by another node, quarantined or
+    degraded: marked, and its title says so."""
     colour = "free" if held is None else replica_colour(held[0])
     title = f"GPU {index}: " + ("free" if held is None else f"{held[1]} #{held[0]}")
-    classes = "gpu " + colour
+    classes = "gpu " + colour + shade
     if missing_since is not None:
         classes += " missing"
         title += f"; missing since {_clock(missing_since)}"
     if claimants:
         classes += " conflict"
         title += f"; also claimed by {', '.join(claimants)}"
+    if health is not None:
+        classes += f" {health[0]}"
+        title += f"; {health[0]}: {health[1]}"
     return f'<span class="{classes}" title="{escape(title)}"></span>'
+
+
+def gpu_readings() -> dict[tuple[str, int], tuple[int | None, str, str]]:
+    """{(node name, GPU index): (utilisation, health, reason)} from the latest readings."""
+    try:
+        latest = telemetry.store().latest()
+    except Exception:  # noqa: BLE001 - Redis away: the grid without readings
+        return {}
+    now = timezone.now().timestamp()
+    return {(name, r["index"]): (r["util"], r["health"], r["reason"])
+            for name, block in latest.items() if now - block.get("at", 0) < STALE_READINGS
+            for r in telemetry.readings_of(block)}
 
 
 def replica_colour(replica_id: int) -> str:
@@ -188,16 +206,27 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
         )
     }
     warnings_of, claimed_by = _gpu_warnings()
+    readings = gpu_readings()
+    name_of = {row["id"]: row["name"] for row in node_rows}
     cells_of: dict[int, list[str]] = {}
     legend: dict[int, str] = {}
     held_label: dict[int, str] = {}
-    gpus = Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index", "missing_since")
-    for gpu_id, node_id, index, missing_since in gpus:
+    gpus = Gpu.objects.order_by("node_id", "index").values_list(
+        "id", "node_id", "index", "missing_since", "quarantine_reason", "quarantined_at")
+    for gpu_id, node_id, index, missing_since, quarantine_reason, quarantined_at in gpus:
         held = holder.get(gpu_id)
-        if missing_since is not None or gpu_id in claimed_by:
-            cell = _marked_cell(index, held, missing_since, claimed_by.get(gpu_id))
+        util, health, reason = readings.get((name_of.get(node_id), index), (None, "", ""))
+        # Shaded by utilisation (u0-u4, fifths), marked when not healthy (nodes.gpu_health).
+        shade = "" if util is None else f" u{min(4, int(util) // 20)}"
+        marked = ("quarantined", quarantine_reason) if quarantined_at is not None else \
+            ("degraded", reason) if health == "degraded" else None
+        if missing_since is not None or gpu_id in claimed_by or marked:
+            cell = _marked_cell(index, held, missing_since, claimed_by.get(gpu_id), marked, shade)
         elif held is None:
-            cell = f'<span class="gpu free" title="GPU {index}: free"></span>'
+            cell = f'<span class="gpu free{shade}" title="GPU {index}: free"></span>'
+        elif shade:
+            cell = f'<span class="gpu {replica_colour(held[0])}{shade}" title="{escape(held[1])} #{held[0]}, ' \
+                   f'GPU {index}, {util}% busy"></span>'
         else:
             replica_id, model = held
             label = held_label.get(replica_id)
