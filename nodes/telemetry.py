@@ -31,8 +31,8 @@ from django.conf import settings
 from agent.protocol import TELEMETRY_SOURCES, GpuReading
 
 from . import liveness
-from .choices import GpuHealth
-from .gpu_health import HEALTH_CODES, Policy, gpu_verdict, reset_shown
+from .choices import GpuFault, GpuHealth
+from .gpu_health import HEALTH_CODES, Policy, Verdict, gpu_verdict, reset_shown
 from .validation import LIMITS, HeartbeatInvalid
 
 logger = logging.getLogger(__name__)
@@ -219,6 +219,12 @@ def telemetry_keep(*, node_name: str, block: dict[str, Any], persist: Callable[.
                      r["temp_c"], r["power_w"], r["power_limit_w"], r["ecc_corrected"], r["ecc_uncorrected"],
                      r["pending_retirement"], r["thermal_throttle"], r["last_xid"], r["lost"], r["error"],
                      health, reason])
+    if block["source"] != "nvidia-smi":
+        # Fail closed: a GPU the node has that NVML does not list cannot be vouched for.
+        listed = {r["index"] for r in block["gpus"]}
+        for index, state in states.items():
+            if index not in listed and not state.quarantined:
+                quarantine[index] = Verdict(GpuHealth.QUARANTINED, "NVML does not list this GPU", GpuFault.NVML)
     if quarantine or app_xids or cleared:
         persist(node_name=node_name, quarantine=quarantine, application_xids=app_xids,
                                  cleared_by_rule=cleared, readings={r["index"]: r for r in block["gpus"]})

@@ -177,6 +177,19 @@ def test_an_nvml_error_for_one_gpu_quarantines_that_gpu_only():
     assert {rows[i]["health"] for i in (0, 1, 3)} == {"healthy"}
 
 
+def test_a_gpu_nvml_does_not_list_is_quarantined_but_not_when_nvidia_smi_reads():
+    node01 = peer_for("node01")
+    body = beat("node01", gpus=3)
+    body["telemetry"]["gpus"] = body["telemetry"]["gpus"][:2]
+    body["telemetry"]["source"] = "nvidia-smi"
+    ok(node01, "node01", body)
+    assert not Gpu.objects.filter(quarantined_at__isnull=False).exists()
+    body["telemetry"]["source"] = "nvml"
+    ok(node01, "node01", body)
+    gpu = Gpu.objects.get(quarantined_at__isnull=False)
+    assert gpu.index == 2 and gpu.quarantine_reason == "NVML does not list this GPU"
+
+
 def test_a_quarantine_survives_an_agent_restart_until_an_operator_clears_it():
     node01 = peer_for("node01")
     ok(node01, "node01", beat("node01", per_gpu={0: {"ecc_uncorrected": 3}}))
