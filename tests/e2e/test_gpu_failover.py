@@ -80,16 +80,16 @@ def test_gpu_faults_quarantine_fail_over_and_stay_until_cleared(sim_cluster):
     assert Replica.objects.get(pk=member.replica_id).status == ReplicaStatus.READY
 
     # NVML failing for one GPU quarantines that GPU only.
-    free = sorted(set(range(4)) - {g for m in Member.objects.filter(node__name="node02")
-                                   .exclude(state=MemberState.GONE) for g in m.gpus}
-                  - set(Gpu.objects.filter(node__name="node02", quarantined_at__isnull=False)
-                        .values_list("index", flat=True)))
+    used = {(m.node.name, g) for m in Member.objects.exclude(state=MemberState.GONE).select_related("node")
+            for g in m.gpus}
+    out = set(Gpu.objects.filter(quarantined_at__isnull=False).values_list("node__name", "index"))
+    spare_node, spare = sorted({(n.name, i) for n in NODES for i in range(n.gpus)} - used - out)[0]
     before = set(Gpu.objects.filter(quarantined_at__isnull=False).values_list("pk", flat=True))
-    inject_fault(cluster.nodes["node02"].dir, {"gpu": free[0], "nvml_error": "Unknown Error"})
-    wait_until(lambda: quarantined("node02", free[0]), timeout=TELEMETRY_INTERVAL + 5,
+    inject_fault(cluster.nodes[spare_node].dir, {"gpu": spare, "nvml_error": "Unknown Error"})
+    wait_until(lambda: quarantined(spare_node, spare), timeout=TELEMETRY_INTERVAL + 5,
                message="the GPU NVML cannot read quarantined")
     after = set(Gpu.objects.filter(quarantined_at__isnull=False).values_list("pk", flat=True))
-    assert after - before == {Gpu.objects.get(node__name="node02", index=free[0]).pk}
+    assert after - before == {Gpu.objects.get(node__name=spare_node, index=spare).pk}
 
     # The agent restarts (engines adopted): the quarantines stand; no placement uses those GPUs.
     quarantined_now = set(Gpu.objects.filter(quarantined_at__isnull=False).values_list("node__name", "index"))
@@ -109,11 +109,11 @@ def test_gpu_faults_quarantine_fail_over_and_stay_until_cleared(sim_cluster):
     assert not used & quarantined_now, "a quarantined GPU was placed on"
 
     # An operator clears the GPU NVML failed on, after a reset: the pending replica takes it.
-    inject_fault(cluster.nodes["node02"].dir, {"gpu": free[0], "reset": True})
+    inject_fault(cluster.nodes[spare_node].dir, {"gpu": spare, "reset": True})
     time.sleep(TELEMETRY_INTERVAL + 1)
-    gpu_clear(node_name="node02", index=free[0], actor="user operator")
+    gpu_clear(node_name=spare_node, index=spare, actor="user operator")
     wait_until(lambda: Replica.objects.get(pk=pending.pk).status == ReplicaStatus.READY, timeout=30,
                message="the pending replica placed on the cleared GPU")
-    assert ("node02", free[0]) in {(m.node.name, g) for m in Member.objects.filter(replica=pending)
+    assert (spare_node, spare) in {(m.node.name, g) for m in Member.objects.filter(replica=pending)
                                    .select_related("node") for g in m.gpus}
     assert "user operator" in Event.objects.get(kind=NodeEventKind.GPU_CLEARED).message
