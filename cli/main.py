@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     revive = demo_sub.add_parser("revive", help="start a killed simulated node again (it comes back empty)")
     revive.add_argument("node")
     revive.add_argument("--data-dir", default=None)
+    gpu_fail = demo_sub.add_parser("gpu-fail", help="a GPU of a simulated node falls off the bus (Xid 79)")
+    gpu_fail.add_argument("node")
+    gpu_fail.add_argument("index", type=int)
+    gpu_fail.add_argument("--xid", type=int, default=79, help="the Xid to raise (default 79)")
+    gpu_fail.add_argument("--reset", action="store_true", help="reset the GPU instead (the repair)")
+    gpu_fail.add_argument("--data-dir", default=None)
     demo.set_defaults(func=_cmd_demo)
 
     add_ctl_parser(sub)
@@ -109,4 +115,7 @@ def _cmd_demo(args) -> int:
         return demo.kill_node(name=args.node, host=args.host, agent_port=args.agent_port)
     if args.demo_command == "revive":
         return demo.revive_node(name=args.node, host=args.host, agent_port=args.agent_port)
+    if args.demo_command == "gpu-fail":
+        return demo.gpu_fail(name=args.node, index=args.index, reset=args.reset, xid=args.xid, host=args.host,
+                             agent_port=args.agent_port)
     return demo.run_demo(host=args.host, web_port=args.web_port, agent_port=args.agent_port)

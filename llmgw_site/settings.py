@@ -268,6 +268,14 @@ CACHES = {
 
 LLMGW_NODE_GRACE = env.float("LLMGW_NODE_GRACE", default=60.0)
 LLMGW_HEARTBEAT_INTERVAL = env.float("LLMGW_HEARTBEAT_INTERVAL", default=5.0)
+# GPU health (docs/gpus.md): a GPU at or over this temperature (°C) is degraded;
+# so is one with this many corrected ECC errors between two readings.
+LLMGW_GPU_TEMP_DEGRADED = env.int("LLMGW_GPU_TEMP_DEGRADED", default=87)
+LLMGW_GPU_ECC_STORM = env.int("LLMGW_GPU_ECC_STORM", default=100)
+# Opt-in: a quarantined GPU that NVML shows reset and healthy goes back in service by itself.
+LLMGW_GPU_AUTO_CLEAR = env.bool("LLMGW_GPU_AUTO_CLEAR", default=False)
+# One history sample per node at most this often (seconds); an hour of them is kept.
+LLMGW_GPU_HISTORY_STEP = env.float("LLMGW_GPU_HISTORY_STEP", default=30.0)
 LLMGW_SWEEP_INTERVAL = env.float("LLMGW_SWEEP_INTERVAL", default=2.0)
 # The periodic reconcile; changes also trigger one at once.
 LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)

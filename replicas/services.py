@@ -293,6 +293,29 @@ def replicas_gpus_vanished(*, node: Node, gpu_ids: list[int]) -> None:
             )
 
 
+def replicas_gpus_quarantined(*, node: Node, reasons: dict[int, str]) -> None:
+    """GPUs quarantined (inside the transaction of nodes.gpus, which holds the
+    node): each placed replica using one fails at once, naming why (the Xid
+    and what it means), and is rebuilt elsewhere by the usual path."""
+    members = (
+        Member.objects.select_for_update(of=("self",), no_key=True)
+        .filter(node=node, pk__in=GpuAllocation.objects.filter(gpu_id__in=list(reasons)).values("member_id"))
+        .exclude(state=MemberState.GONE)
+        .select_related("replica")
+        .order_by("pk")
+    )
+    for member in members:
+        if member.replica.status in PLACED:
+            why = [reasons[g] for g in GpuAllocation.objects.filter(member=member, gpu_id__in=list(reasons))
+                   .order_by("gpu_id").values_list("gpu_id", flat=True)]
+            replica_fail(replica_id=member.replica_id, reason=f"rank {member.rank}: {'; '.join(why)}"[:255])
+
+
+def replicas_gpus_cleared(*, node: Node) -> None:
+    """A GPU is back in service: a pending replica may fit now."""
+    reconcile_after_commit()
+
+
 def replicas_node_lost(*, node_name: str) -> None:
     """A node is lost: every replica with a member on it fails; that member's
     GPUs are freed now (the node runs nothing we will count on, and when it

@@ -17,6 +17,7 @@ arithmetic under a lock, so a request costs little more than its sleep.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import threading
@@ -33,6 +34,53 @@ _WORD = re.compile(r"\S+")
 
 def words(text: str) -> list[str]:
     return _WORD.findall(text)
+
+
+# The leader's load, written where the simulated node's fake NVML reads it
+# (agent.nvml_fake): its GPUs' utilisation follows the requests in flight.
+LOAD_FILE = "sim-load.json"
+
+
+class _Load:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.served = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.served += 1
+
+    def keep_writing(self, path: str = LOAD_FILE, every: float = 0.5) -> None:
+        # Only in a member's directory (the agent's record beside it, or one
+        # level up for an engine run as another user): a sim engine started
+        # by hand writes nothing where it happens to run.
+        if not (os.path.exists("engine.json") or os.path.exists(os.path.join("..", "engine.json"))):
+            return
+
+        def loop() -> None:
+            last = None
+            while True:
+                now = (self.in_flight, self.served)
+                if now != last:
+                    try:
+                        with open(path + ".tmp", "w") as f:
+                            json.dump({"in_flight": now[0], "served": now[1], "at": time.time()}, f)
+                        os.replace(path + ".tmp", path)
+                        last = now
+                    except OSError:
+                        pass  # a read-only working directory: no load to show, nothing else changes
+                time.sleep(every)
+
+        threading.Thread(target=loop, name="sim-load", daemon=True).start()
+
+
+LOAD = _Load()
 
 
 class SimModel:
@@ -121,6 +169,7 @@ class SimHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        LOAD.enter()
         try:
             body = self._body()
             if path == "/v1/chat/completions":
@@ -133,6 +182,8 @@ class SimHandler(BaseHTTPRequestHandler):
             self._error(exc.status, str(exc), exc.kind)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        finally:
+            LOAD.leave()
 
     # --- completions -----------------------------------------------------------------------
 
