@@ -6,5 +6,6 @@ class Migration(migrations.Migration):
     dependencies = [
         ("replicas", "0005_route20_catalogentry_routing"),
         ("replicas", "0005_scale21_autoscale"),
+        ("replicas", "0005_churn27_failed_quiesced"),
     ]
     operations = []
