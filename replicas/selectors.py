@@ -25,7 +25,7 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
     """The members a node should run: its wanted members."""
     members = (
         members_wanted().filter(node__name=node_name)
-        .select_related("replica__model")
+        .select_related("replica__model", "replica__revision")
         .order_by("replica_id", "rank")
     )
     return [
@@ -34,7 +34,8 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
             "replica": str(m.replica_id),
             "model": m.replica.model.name,
             "rank": m.rank,
-            "engine": m.replica.model.engine,
+            # The engine of the revision it launched as (replicas.revisions).
+            "engine": m.replica.revision.spec["engine"] if m.replica.revision_id else m.replica.model.engine,
             "argv": m.argv,
             "env": m.env,
             "gpus": m.gpus,

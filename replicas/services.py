@@ -75,6 +75,10 @@ class ReplicaStates(StateMachine):
         if to == ReplicaStatus.SCHEDULED:
             replica.pending_reason = ""
             return ["pending_reason"]
+        if to == ReplicaStatus.FAILED:
+            # Counted by a rollout when it was never ready (replicas.rollout).
+            replica.failed_reason = replica.status_reason
+            return ["failed_reason"]
         return []
 
     def changed(self, replica: Replica, previous: str, to: str) -> None:

@@ -19,7 +19,8 @@ from .engines.policy import refusal_message
 from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
-ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env"]
+ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env",
+                "max_surge", "max_unavailable"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -63,6 +64,10 @@ class CatalogEntryFields(serializers.ModelSerializer):
     nodes = serializers.IntegerField(min_value=1, max_value=64, default=1)
     gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1)
+    # A rollout's pace (replicas.rollout_plan): replacements at once; replicas
+    # down at once when there is no room to start a replacement first.
+    max_surge = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+    max_unavailable = serializers.IntegerField(min_value=0, max_value=1000, default=1)
 
     class Meta:
         model = CatalogEntry
