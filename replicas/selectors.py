@@ -57,7 +57,7 @@ def node_replica_counts() -> dict[str, int]:
 
 
 def replica_list(*, model: str | None = None, include_stopped: bool = False):
-    replicas = Replica.objects.select_related("model", "fabric").prefetch_related(
+    replicas = Replica.objects.select_related("model", "fabric", "revision").prefetch_related(
         Prefetch("members", queryset=Member.objects.select_related("node").order_by("rank"))
     )
     if model:
@@ -68,7 +68,8 @@ def replica_list(*, model: str | None = None, include_stopped: bool = False):
 
 
 def model_list():
-    return CatalogEntry.objects.prefetch_related("replica_set")
+    return CatalogEntry.objects.prefetch_related(
+        Prefetch("replica_set", queryset=Replica.objects.select_related("revision")), "revisions")
 
 
 def drain_list(*, node: str | None = None):
