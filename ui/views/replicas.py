@@ -10,10 +10,11 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 
 from core.models import Event
-from replicas import catalog
+from replicas import catalog, rollout
 from replicas.choices import WANTED, ReplicaStatus
 from replicas.envmask import env_masked
-from replicas.models import CatalogEntry, Member, Replica
+from replicas.models import CatalogEntry, Member, Replica, Rollout
+from replicas.revisions import replica_launch
 
 from ..catalog_preview import catalog_parse, catalog_preview, field_errors
 from ..cluster import replica_colour
@@ -33,12 +34,13 @@ def _models_context() -> dict:
     for model in CatalogEntry.objects.all():
         c = counts.get(model.pk, {})
         models.append({
-            "model": model, "ready": c.get(ReplicaStatus.READY, 0), "pending": c.get(ReplicaStatus.PENDING, 0),
+            "model": model, "ready": c.get(ReplicaStatus.READY, 0),
+            "ready_current": rollout.replicas_by_revision(model)["ready_current"], "pending": c.get(ReplicaStatus.PENDING, 0),
             "starting": c.get(ReplicaStatus.SCHEDULED, 0) + c.get(ReplicaStatus.STARTING, 0),
             "reason": model.never_fits_reason or reasons.get(model.pk, ""),
         })
     replicas = list(
-        Replica.objects.exclude(status=ReplicaStatus.STOPPED).select_related("model", "fabric")
+        Replica.objects.exclude(status=ReplicaStatus.STOPPED).select_related("model", "fabric", "revision")
         .prefetch_related("members__node").order_by("model__name", "id")
     )
     for replica in replicas:
@@ -66,7 +68,47 @@ def replica_page(request, replica_id: int):
         m.command = " ".join(shlex.quote(str(a)) for a in m.argv)
         m.env_text = "\n".join(f"{k}={v}" for k, v in sorted(env_masked(m.env).items()))
     history = Event.objects.filter(subject=f"replica/{replica.pk}").order_by("-created_at", "-id")[:100]
-    return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history})
+    return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history,
+                                               "launch": replica_launch(replica)})
+
+
+def _model_context(name: str) -> dict:
+    model = CatalogEntry.objects.filter(name=name).first()
+    if model is None:
+        raise Http404(f"no model named {name}")
+    replicas = list(Replica.objects.filter(model=model).exclude(status=ReplicaStatus.STOPPED)
+                    .select_related("revision", "fabric").prefetch_related("members__node").order_by("id"))
+    return {"model": model, "counts": rollout.replicas_by_revision(model), "replicas": replicas,
+            "rollout": Rollout.objects.filter(model=model).first(),
+            "events": Event.objects.filter(subject=f"model/{model.name}").order_by("-created_at", "-id")[:50]}
+
+
+@viewer("replicas.view_catalogentry", "replicas.view_replica")
+def model_page(request, name: str):
+    """A model: its revision, ready replicas on it, its rollout (steered here by operators)."""
+    return render(request, "ui/model.html", _model_context(name))
+
+
+@viewer("replicas.view_catalogentry", "replicas.view_replica")
+def model_live(request, name: str):
+    return render(request, "ui/partials/model_live.html", _model_context(name))
+
+
+ROLLOUT_VERBS = {"pause": rollout.rollout_pause, "resume": rollout.rollout_resume}
+
+
+@operation("replicas.change_catalogentry")
+def model_rollout(request, name: str, verb: str):
+    if verb == "undo":
+        model, started = rollout.rollout_undo(name=name, actor=actor(request))
+        messages.success(request, f"{name} is back to its previous launch as revision {model.revision}"
+                         + ("; rolling it out." if started else "; its replicas already run it."))
+    elif verb in ROLLOUT_VERBS:
+        changed = ROLLOUT_VERBS[verb](name=name, actor=actor(request))
+        messages.success(request, f"The rollout of {name} is {changed.status}.")
+    else:
+        raise Http404(f"no rollout action {verb!r}")
+    return back(request)
 
 
 @operation("replicas.change_catalogentry")
