@@ -47,7 +47,7 @@ def _orphaned_nodes(nodes: list[Node]) -> set[str]:
     orphaned = set()
     for node in nodes:
         for engine in node.engines or []:
-            if engine.get("state") != "exited" and engine.get("member") not in wanted[node.name]:
+            if engine.get("state") not in ("exited", "backoff") and engine.get("member") not in wanted[node.name]:
                 orphaned.add(node.name)
     return orphaned
 
