@@ -80,7 +80,8 @@ class Replica(models.Model):
     model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="replica_set")
     # The revision of the model it launches as (None: made before revisions
     # were recorded, or by a test; it then launches as the entry is now).
-    revision = models.ForeignKey(ModelRevision, on_delete=models.PROTECT, null=True, blank=True,
+    # RESTRICT: a revision a replica runs stays, unless the model (and so the replica) goes.
+    revision = models.ForeignKey(ModelRevision, on_delete=models.RESTRICT, null=True, blank=True,
                                  related_name="replicas")
     status = models.CharField(max_length=16, choices=ReplicaStatus.choices, default=ReplicaStatus.PENDING)
     status_changed_at = models.DateTimeField()

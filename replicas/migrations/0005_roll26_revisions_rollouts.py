@@ -83,7 +83,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='replica',
             name='revision',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='replicas', to='replicas.modelrevision'),
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.RESTRICT, related_name='replicas', to='replicas.modelrevision'),
         ),
         migrations.CreateModel(
             name='Rollout',

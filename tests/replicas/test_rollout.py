@@ -178,3 +178,15 @@ def test_pause_holds_resume_continues_undo_returns_to_the_old_argv(spare):
     assert all("--token-delay" not in argv for argv in before)
     with pytest.raises(InvalidRolloutTransition):
         rollout.rollout_resume(name="llama")
+
+
+def test_a_removed_model_goes_with_its_revisions_and_rollouts(spare):
+    from replicas.catalog import model_remove
+
+    catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "0.01"]}])
+    _settle(2)
+    model_remove(name="llama")
+    _settle(6)
+    assert not CatalogEntry.objects.filter(name="llama").exists()
+    assert not ModelRevision.objects.exists() and not Rollout.objects.exists()
+    assert not Replica.objects.exists()
