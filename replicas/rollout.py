@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from core.choices import EventSeverity
 from core.events import event_record
-from core.exceptions import InvalidTransition, NotFound
+from core.exceptions import NotFound
 from core.statemachine import StateMachine
 
 from .choices import PLACED, ROLLOUT_OPEN, ROLLOUT_TRANSITIONS, MemberState, ReplicaEventKind, ReplicaStatus, RolloutStatus
