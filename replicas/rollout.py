@@ -249,6 +249,7 @@ def _apply(rollout: Rollout, model: CatalogEntry, step, replicas: list[Replica],
                  f"({step.updated} of {model.replicas})",
                  severity=EventSeverity.WARNING if early else EventSeverity.INFO, replica=pk,
                  replacement=replacement.pk if replacement else None, remaining=done)
+    before = (rollout.failures, rollout.updated, rollout.wanted, rollout.waiting_for, len(rollout.log))
     rollout.failures = len(failed)
     rollout.updated = step.updated
     rollout.wanted = model.replicas
@@ -261,7 +262,10 @@ def _apply(rollout: Rollout, model: CatalogEntry, step, replicas: list[Replica],
                              severity=EventSeverity.ERROR if step.status == RolloutStatus.FAILED else EventSeverity.INFO)
         if step.status == RolloutStatus.DONE:
             rollout.waiting_for = ""
-    rollout.save(update_fields=["failures", "updated", "wanted", "waiting_for", "log"])
+    if before != (rollout.failures, rollout.updated, rollout.wanted, rollout.waiting_for, len(rollout.log)) or (
+            step.mark or step.stop or step.release):
+        # A rollout that waits (or has failed) writes nothing at every pass.
+        rollout.save(update_fields=["failures", "updated", "wanted", "waiting_for", "log"])
     if step.mark or step.release:
         reconcile_after_commit()
 
