@@ -22,7 +22,8 @@ from .autoscaling.policy import MAX_REPLICAS, PolicyFields
 from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
-ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale"]
+ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale",
+                "max_surge", "max_unavailable"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -72,6 +73,10 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
     # null (or absent): a fixed replica count; a mapping: the autoscaling policy.
     autoscale = PolicyFields(required=False, allow_null=True, default=None)
+    # A rollout's pace (replicas.rollout_plan): replacements at once; replicas
+    # down at once when there is no room to start a replacement first.
+    max_surge = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+    max_unavailable = serializers.IntegerField(min_value=0, max_value=1000, default=1)
 
     class Meta:
         model = CatalogEntry

@@ -7,5 +7,6 @@ class Migration(migrations.Migration):
         ("replicas", "0005_route20_catalogentry_routing"),
         ("replicas", "0005_scale21_autoscale"),
         ("replicas", "0005_churn27_failed_quiesced"),
+        ("replicas", "0005_roll26_revisions_rollouts"),
     ]
     operations = []
