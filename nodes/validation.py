@@ -24,11 +24,13 @@ from agent.protocol import (
     ENGINE_STATES,
     FABRIC_NAME_RE,
     HCA_NAME_RE,
+    CachedModel,
     EngineState,
     FabricMembership,
     GpuInfo,
     HcaInfo,
     Heartbeat,
+    WeightsReport,
     mgmt_addr_problem,
 )
 
@@ -136,6 +138,18 @@ LIMITS: dict[str, dict[str, Any]] = {
     "Heartbeat.mgmt_interface": {"max_length": 64, "allow_blank": True},
     "Heartbeat.discovery_errors": {"max_length": 100},
     "Heartbeat.desired_version": {"min_value": 0},
+    # The weights cache (agent.weights; stored by replicas.weights_cache).
+    "WeightsReport.free_bytes": {"min_value": 0},
+    "WeightsReport.budget_bytes": {"min_value": 0},
+    "WeightsReport.used_bytes": {"min_value": 0},
+    "WeightsReport.downloads": {"min_value": 0, "max_value": 100000},
+    "WeightsReport.models": {"max_length": 1000},
+    "CachedModel.model": {"max_length": 128},
+    "CachedModel.revision": {"max_length": 128},
+    "CachedModel.bytes": {"min_value": 0},
+    "CachedModel.total": {"min_value": 0},
+    "CachedModel.rate": {"min_value": 0},
+    "CachedModel.error": {"max_length": 500},
 }
 
 
@@ -204,7 +218,8 @@ HeartbeatSerializer = type("HeartbeatSerializer", (_serializer(Heartbeat),),
                            {"validate": _validate, "validate_mgmt_addr": _validate_mgmt_addr})
 
 # A bound for a field the protocol no longer has would be dropped in silence.
-_unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat)
+_unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat,
+                                                                WeightsReport, CachedModel)
                           for f in dataclasses.fields(c)}
 if _unknown:
     raise TypeError(f"nodes.validation.LIMITS names fields agent.protocol does not have: {sorted(_unknown)}")

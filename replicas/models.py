@@ -201,3 +201,25 @@ class NodeCache(models.Model):
     budget_bytes = models.BigIntegerField(default=0)
     used_bytes = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class StagedWeights(models.Model):
+    """A node asked to hold a model's weights with no replica of it there: a
+    spare of its fabric (``CatalogEntry.spares``) or staged by hand (``ctl
+    models stage``). Its agent keeps them fetched; they are not evicted while
+    this row stands."""
+
+    class Why(models.TextChoices):
+        SPARE = "spare"
+        MANUAL = "manual"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="staged_weights")
+    model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="staged_on")
+    why = models.CharField(max_length=16, choices=Why.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "node"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "model"], name="%(app_label)s_%(class)s_unique"),
+        ]

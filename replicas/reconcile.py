@@ -23,6 +23,7 @@ from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
 from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
+from .weights_cache import replicas_staging_advance
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def replicas_reconcile() -> None:
     for model_id in list(CatalogEntry.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
+    replicas_staging_advance()
     moves.moves_step()
     # Again, now that this pass has tried to place what was pending: a drain
     # is called blocked only on what is true now.
@@ -91,7 +93,7 @@ def members_nudge() -> list[str]:
     one lost with a process is made up for here; an agent told twice just
     finds nothing new."""
     before = timezone.now() - NUDGE_AFTER
-    stale = Q(replica__status=ReplicaStatus.SCHEDULED, state=MemberState.PENDING) | Q(
+    stale = Q(replica__status__in=[ReplicaStatus.SCHEDULED, ReplicaStatus.STARTING], state=MemberState.PENDING) | Q(
         replica__status=ReplicaStatus.FAILED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=True)
     names = sorted(set(
         Member.objects.filter(stale, replica__status_changed_at__lt=before, node__status__in=LIVE)

@@ -53,6 +53,8 @@ class WeightsServer:
         self.served: Counter[str] = Counter()
         self.requests: list[tuple[str, str, str]] = []
         self.rate: float | None = None  # every file, bytes per second (a link of fixed bandwidth)
+        self.active = 0  # file bodies being sent now, and the most at once
+        self.max_active = 0
         self._lock = threading.Lock()
         server = self
 
@@ -227,6 +229,9 @@ class WeightsServer:
         chunk = 64 * 1024 if rate is None else max(1024, int(rate / 20))
         sent = 0
         began = time.monotonic()
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
         try:
             while sent < limit:
                 piece = body[sent:min(limit, sent + chunk)]
@@ -242,6 +247,9 @@ class WeightsServer:
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
             return
+        finally:
+            with self._lock:
+                self.active -= 1
         if sent < len(body):
             # The link cut mid-file: the client sees a short body.
             handler.close_connection = True

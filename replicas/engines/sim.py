@@ -12,6 +12,8 @@ cluster launches shows exactly what a real one would be given.
 
 from __future__ import annotations
 
+from agent.protocol import WEIGHTS_PATH_ARG
+
 from .base import EngineAdapter, LaunchInput
 
 AGENT_PYTHON = "{python}"  # agent.engine_process.PYTHON_PLACEHOLDER
@@ -30,6 +32,7 @@ class SimAdapter(EngineAdapter):
         "--port": "ports are allocated per node by the scheduler",
         "--model": "it is the catalog entry's name",
         "--fabric": "it is the replica's fabric",
+        "--weights": "it is the local path of the catalog entry's managed weights",
     }
     emitted = frozenset(managed)
 
@@ -42,4 +45,8 @@ class SimAdapter(EngineAdapter):
         argv += ["--model", inp.model]
         if inp.fabric:
             argv += ["--fabric", inp.fabric]
+        if inp.weights == WEIGHTS_PATH_ARG:
+            # Managed weights: the agent puts in their local path, and the
+            # sim engine refuses to start without them.
+            argv += ["--weights", inp.weights]
         return argv
