@@ -152,13 +152,6 @@ def _from_database(
     *, w_hash: str = "", previous_w_hash: str | None = None,
 ) -> _Known:
     store = liveness.store()
-    if w_hash != previous_w_hash and hooks.weights_report_handlers:
-        # The node's weights cache changed (or this process has not heard it
-        # yet): the apps that place by it hear it first, so that a replica
-        # whose weights just arrived is in this very answer.
-        report = heartbeat_clean(payload).get("weights")
-        for handler in hooks.weights_report_handlers:
-            handler(node_name=node_name, report=report)
     row = (
         Node.objects.filter(name=node_name)
         .values("status", "inventory_hash", "engines", "desired_version")
@@ -186,6 +179,13 @@ def _from_database(
                 store.record(node_name, time.time())
             raise
         row = {"status": node.status, "desired_version": node.desired_version}
+    if w_hash != previous_w_hash and hooks.weights_report_handlers:
+        # The node's weights cache changed (or this process has not heard it
+        # yet): the apps that place by it hear it before the answer is read,
+        # so that a replica whose weights just arrived is in this answer.
+        report = heartbeat_clean(payload).get("weights")
+        for handler in hooks.weights_report_handlers:
+            handler(node_name=node_name, report=report)
     if not recorded:
         store.record(node_name, time.time())
     if registered and row["desired_version"] == 0:
