@@ -134,6 +134,21 @@ class ClusterCollector:
                                 value=sum(a for a, _, _ in cluster["gpus"].values()))
         yield GaugeMetricFamily("llmgw_gpus_free", "GPUs not allocated, on nodes that are not lost, cluster-wide.",
                                 value=sum(f for _, f, _ in cluster["gpus"].values()))
+        yield from _weights_families(cluster)
+
+
+def _weights_families(cluster: dict[str, Any]):
+    """The nodes' weights caches (docs/weights.md), for nodes that keep one."""
+    free = cluster.get("weights_free", {})
+    for name, key, doc in (
+        ("llmgw_weights_cached_bytes", "weights_cached", "Bytes of verified model weights each node's cache holds."),
+        ("llmgw_weights_downloads", "weights_fetching", "Model revisions each node is fetching now."),
+        ("llmgw_weights_cache_free_bytes", "weights_free", "Free space of each node's weights cache."),
+    ):
+        family = GaugeMetricFamily(name, doc, labels=("node",))
+        for node in sorted(set(free) | set(cluster.get(key, {}))):
+            family.add_metric((node,), cluster.get(key, {}).get(node, 0))
+        yield family
 
 
 def _forget_dead_gauges() -> None:

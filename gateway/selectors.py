@@ -16,7 +16,7 @@ from nodes.choices import NodeStatus
 from nodes.models import Gpu, Node
 from nodes.selectors import age_seconds, node_last_seen
 from replicas.choices import ReplicaStatus
-from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
+from replicas.models import CachedWeights, CatalogEntry, GpuAllocation, Member, NodeCache, Replica
 
 from . import inflight
 from .models import ApiKey
@@ -153,4 +153,18 @@ def cluster_gauges() -> dict[str, Any]:
         "node_heartbeat_age": {n.name: age_seconds(seen.get(n.name)) for n in nodes},
         # (allocated, free, unavailable): a lost node's GPUs are not free, whatever it held.
         "gpus": {n.name: _gpu_states(n.status, allocated.get(n.name, 0), gpus.get(n.name, 0)) for n in nodes},
+        **_weights_gauges(),
     }
+
+
+def _weights_gauges() -> dict[str, Any]:
+    """Per node: bytes of verified weights held, revisions being fetched, free cache space."""
+    cached: dict[str, int] = {}
+    fetching: dict[str, int] = {}
+    for node, size, complete in CachedWeights.objects.values_list("node__name", "bytes", "complete"):
+        if complete:
+            cached[node] = cached.get(node, 0) + size
+        else:
+            fetching[node] = fetching.get(node, 0) + 1
+    free = dict(NodeCache.objects.values_list("node__name", "free_bytes"))
+    return {"weights_cached": cached, "weights_fetching": fetching, "weights_free": free}

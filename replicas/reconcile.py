@@ -24,6 +24,7 @@ from .models import CatalogEntry, Member, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
 from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
 from .weights_cache import replicas_staging_advance
+from .weights_spares import spares_reconcile
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def replicas_reconcile() -> None:
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
     replicas_staging_advance()
+    spares_reconcile()
     moves.moves_step()
     # Again, now that this pass has tried to place what was pending: a drain
     # is called blocked only on what is true now.

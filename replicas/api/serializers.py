@@ -68,6 +68,12 @@ class ScaleSerializer(serializers.Serializer):
         "invalid": "must be a whole number"})
 
 
+class StageSerializer(serializers.Serializer):
+    nodes = serializers.ListField(child=serializers.CharField(max_length=63), required=False, default=list,
+                                  max_length=10000)
+    fabric = serializers.CharField(max_length=64, required=False, default="", allow_blank=True)
+
+
 class CatalogApplySerializer(serializers.Serializer):
     models = serializers.ListField(child=serializers.JSONField(), allow_empty=True)
     prune = serializers.BooleanField(default=False)

@@ -7,9 +7,10 @@ from rest_framework.views import APIView
 
 from accounts.actors import actor
 
-from .. import catalog, drain, selectors
+from .. import catalog, drain, selectors, weights_spares
 from .serializers import (
     CatalogApplySerializer,
+    StageSerializer,
     DrainCreateSerializer,
     DrainSerializer,
     ModelSerializer,
@@ -34,6 +35,7 @@ class ModelViewSet(viewsets.ModelViewSet):
     required_permissions = {
         "create": ("replicas.add_catalogentry", "replicas.change_catalogentry"),
         "scale": ("replicas.change_catalogentry",),
+        "stage": ("replicas.change_catalogentry",),
     }
 
     def get_queryset(self):
@@ -76,6 +78,31 @@ class ModelViewSet(viewsets.ModelViewSet):
         serializer.is_valid(raise_exception=True)
         catalog.model_scale(name=name, replicas=serializer.validated_data["replicas"], actor=actor(request))
         return Response(ModelSerializer(self.get_queryset().get(name=name)).data)
+
+
+    @extend_schema(request=StageSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def stage(self, request, name=None):
+        """Stage the model's weights on nodes (or every ready node of a fabric) ahead of need."""
+        serializer = StageSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            nodes = weights_spares.weights_stage(model=name, nodes=serializer.validated_data["nodes"],
+                                                 fabric=serializer.validated_data["fabric"] or None,
+                                                 actor=actor(request))
+        except weights_spares.StageRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response({"model": name, "nodes": nodes})
+
+
+class WeightsView(APIView):
+    """Every node's weights cache and where every managed model is staged."""
+
+    permission_model = "replicas.catalogentry"
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(weights_spares.weights_overview())
 
 
 class CatalogApplyView(APIView):
