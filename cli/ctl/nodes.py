@@ -38,7 +38,7 @@ def _nodes(args) -> int:
     caches = {c["node"]: c for c in api_call("GET", "/api/v1/weights/")["nodes"]}
     return print_listing(
         args, api_call("GET", "/api/v1/nodes/"),
-        ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "cache free", "weights", "notes"],
+        ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "cache", "weights", "notes"],
         lambda n: [n["name"], n["status"], ",".join(n["fabrics"]) or "-", len(n["gpus"]),
                    age(n["heartbeat_age_seconds"]), n["replicas"], *_cached(caches.get(n["name"])),
                    "; ".join(n["discovery_errors"])],
