@@ -214,8 +214,14 @@ def _resolve_http(source: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_hf(source: dict[str, Any]) -> dict[str, Any]:
-    from huggingface_hub import HfApi, hf_hub_url  # noqa: PLC0415  (a heavy import, only where used)
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError  # noqa: PLC0415
+    try:  # a heavy import, needed only by sources of kind hf
+        from huggingface_hub import HfApi, hf_hub_url  # noqa: PLC0415
+        from huggingface_hub.errors import (  # noqa: PLC0415
+            HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
+        )
+    except ImportError:
+        raise SourceUnresolvable("huggingface_hub is not installed where the control plane runs "
+                                 "(requirements.txt lists it); install it, or use a source of kind http") from None
 
     endpoint = (source.get("endpoint") or settings.LLMGW_HF_ENDPOINT).rstrip("/")
     repo, revision = source["repo"], source["revision"]
