@@ -302,3 +302,35 @@ def test_sizes():
     assert parse_size("500G") == 500 * 10**9 and parse_size("1.5T") == 1.5 * 10**12
     assert parse_size("800GiB") == 800 * 1024**3 and parse_size(1000) == 1000
     assert parse_size("-1G") is None and parse_size(True) is None and parse_size("1X") is None
+
+
+# --- engines start with the local path, once the weights are there ------------------------------
+
+
+def test_a_member_starts_only_once_its_weights_are_there_with_their_local_path(tmp_path):
+    from agent.config import SupervisorConfig
+    from agent.protocol import WEIGHTS_PATH_ARG, DesiredMember, DesiredState
+    from agent.supervisor import Supervisor
+
+    supervisor = Supervisor(SupervisorConfig(work_dir=tmp_path / "work", stop_timeout=1.0, health_interval=0.1))
+    code = "import sys, time; print('weights at', sys.argv[1], flush=True); time.sleep(60)"
+    member = DesiredMember(member="m-1", replica="r1", model="m", rank=0, engine="vllm",
+                           argv=["{python}", "-c", code, WEIGHTS_PATH_ARG], env={"MODEL_DIR": WEIGHTS_PATH_ARG},
+                           gpus=[0], ports={}, serves_http=False, weights="m@r1")
+    desired = DesiredState(version=1, members=[member])
+    where: dict[str, str] = {}
+    try:
+        supervisor.converge(desired, weights_path=where.get)
+        assert supervisor.engines() == {}  # not there yet: not started
+        where["m@r1"] = str(tmp_path / "cache" / "m" / "r1")
+        supervisor.converge(desired, weights_path=where.get)
+        engine = supervisor.engines()["m-1"]
+        assert engine.spec.argv[-1] == where["m@r1"] and engine.spec.env["MODEL_DIR"] == where["m@r1"]
+        assert supervisor.weights_in_use() == {"m@r1"}
+        # Converging again (the same desired state) leaves it alone.
+        supervisor.converge(desired, weights_path=where.get)
+        assert supervisor.engines()["m-1"] is engine
+    finally:
+        supervisor.converge(DesiredState(version=2))
+        wait_until(lambda: (supervisor.tick(), not supervisor.engines())[1], timeout=15, message="engines stopped")
+        supervisor.close()

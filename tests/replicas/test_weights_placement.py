@@ -198,3 +198,17 @@ def test_in_place_weights_are_looked_for_on_every_node():
     reconcile.replicas_reconcile()
     replica = Replica.objects.get()
     assert replica.status == ReplicaStatus.PENDING and "placed by hand" in replica.pending_reason
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_reconcile_enqueue")
+@pytest.mark.parametrize(("engine", "flag"), [("vllm", "serve"), ("sglang", "--model-path"), ("sim", "--weights")])
+def test_engines_are_given_the_local_path_of_managed_weights(engine, flag):
+    node_with_gpus("node01")
+    cache_report("node01", complete=True)
+    CatalogEntry.objects.create(name="m", engine=engine, weights="org/m", replicas=1, manifest=MANIFEST,
+                                source={"kind": "http", "url": "http://127.0.0.1:9/"})
+    reconcile.replicas_reconcile()
+    (member,) = node_desired_members(node_name="node01")
+    assert member["argv"][member["argv"].index(flag) + 1] == WEIGHTS_PATH_ARG  # the agent puts the path in
+    assert "org/m" not in member["argv"]
