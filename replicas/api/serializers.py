@@ -41,10 +41,21 @@ class ModelSerializer(serializers.ModelSerializer):
     replica_counts = serializers.SerializerMethodField()
     pending_reasons = serializers.SerializerMethodField()
 
+    weights_revision = serializers.SerializerMethodField(
+        help_text="what the source resolved to when the catalog was applied (a commit, a manifest's revision); "
+        "empty when the weights are not managed")
+    weights_bytes = serializers.SerializerMethodField(help_text="the resolved manifest's total size")
+
     class Meta:
         model = CatalogEntry
-        fields = [*ENTRY_FIELDS,
+        fields = [*ENTRY_FIELDS, "weights_revision", "weights_bytes",
                   "never_fits_reason", "removing", "replica_counts", "pending_reasons", "created_at", "updated_at"]
+
+    def get_weights_revision(self, model) -> str:
+        return (model.manifest or {}).get("revision", "")
+
+    def get_weights_bytes(self, model) -> int:
+        return int((model.manifest or {}).get("total_bytes", 0))
 
     def to_representation(self, instance):
         data = super().to_representation(instance)

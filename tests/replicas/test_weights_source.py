@@ -153,3 +153,4 @@ def test_rest_api_answers_400_naming_the_source(server, settings):
     answer = operator.post("/api/v1/models/", entry(kind="http", url=url), format="json")
     assert answer.status_code == 201, answer.content
     assert answer.json()["source"] == {"kind": "http", "url": url}
+    assert answer.json()["weights_bytes"] == sum(map(len, FILES.values())) and answer.json()["weights_revision"]
