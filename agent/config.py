@@ -27,7 +27,7 @@ from .durations import BadDuration, parse_duration
 from .engine_user import engine_user_problem
 from .identity import cert_window
 from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE, mgmt_addr_problem
-from .weights import WeightsConfig
+from .weights_files import WeightsConfig
 
 CONFIG_EXIT_STATUS = 2
 USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")

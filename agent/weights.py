@@ -28,11 +28,9 @@ names and file names are plain path parts, never a way out of the cache.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -44,70 +42,15 @@ from typing import Callable
 import httpx
 
 from .protocol import CachedModel, DesiredWeights, WeightsFile, WeightsReport
+from .weights_files import RateLimiter, WeightsConfig, desired_problem, file_size, present, sha256_of, tree_size
 
 logger = logging.getLogger(__name__)
 
-PART_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+=-]{0,254}$")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PARTIAL = ".partial"
 COMPLETE = ".complete"
 USED = ".used"
-CHUNK = 1024 * 1024
 ATTEMPTS = 3  # per file and sync: then the error is reported and the next sync tries again
 RETRY_PAUSE = 0.2
-
-
-@dataclass(frozen=True)
-class WeightsConfig:
-    cache_dir: Path
-    budget_bytes: int
-    downloads: int = 2
-    bandwidth: int = 0  # bytes per second for all downloads together; 0: no cap
-    verify_on_start: bool = True
-
-
-def file_problem(name: str) -> str:
-    parts = name.split("/") if isinstance(name, str) and name else [""]
-    if len(name or "") > 1024 or any(not PART_NAME_RE.match(p) or p in (".", "..") for p in parts):
-        return f"{str(name)[:120]!r} is not a relative path of plain parts"
-    return ""
-
-
-def desired_problem(w: DesiredWeights) -> str:
-    """Why this node refuses these weights ('' when it takes them)."""
-    if not NAME_RE.match(w.model) or not NAME_RE.match(w.revision):
-        return f"{w.model[:80]!r}@{w.revision[:80]!r} is not a model and revision of plain names"
-    if w.path:
-        return "" if w.path.startswith("/") and "\x00" not in w.path else f"{w.path[:120]!r} is not an absolute path"
-    names = set()
-    for f in w.files:
-        if problem := file_problem(f.name):
-            return problem
-        if f.name in names or f.size < 0 or not SHA256_RE.match(f.sha256) or not f.url.startswith(("http://", "https://")):
-            return f"{f.name}: needs a size, a sha256 and an http(s) url, once"
-        names.add(f.name)
-    return ""
-
-
-class RateLimiter:
-    """One budget of bytes per second shared by every download."""
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self._lock = threading.Lock()
-        self._next = time.monotonic()
-
-    def take(self, n: int) -> None:
-        if self.rate <= 0:
-            return
-        with self._lock:
-            now = time.monotonic()
-            start = max(now, self._next)
-            self._next = start + n / self.rate
-        delay = start - now
-        if delay > 0:
-            time.sleep(delay)
 
 
 @dataclass
@@ -216,7 +159,7 @@ class WeightsCache:
         manifest = self._manifest(rev_dir)
         if manifest is None:
             return
-        bad = [f["name"] for f in manifest["files"] if _sha256(rev_dir / f["name"]) != f["sha256"]]
+        bad = [f["name"] for f in manifest["files"] if sha256_of(rev_dir / f["name"]) != f["sha256"]]
         with self._lock:
             if bad:
                 self.corrupt_files += len(bad)
@@ -255,7 +198,7 @@ class WeightsCache:
             for key, w in self._wanted.items():
                 progress = self._progress.setdefault(key, _Progress())
                 if w.path:
-                    progress.error = "" if _present(Path(w.path)) else f"{w.path} is not on this node"
+                    progress.error = "" if present(Path(w.path)) else f"{w.path} is not on this node"
                     continue
                 if self._manifest(self.revision_dir(w.model, w.revision)) is not None:
                     progress.error = ""
@@ -326,7 +269,7 @@ class WeightsCache:
                 when = used.stat().st_mtime if used.exists() else rev_dir.stat().st_mtime
                 candidates.append((when, key, rev_dir))
         candidates.sort()
-        evictable = sum(_tree_size(d) for _, _, d in candidates)
+        evictable = sum(tree_size(d) for _, _, d in candidates)
         if need > self._free() + evictable:
             return False
         for _, key, rev_dir in candidates:
@@ -351,7 +294,7 @@ class WeightsCache:
         final = self.revision_dir(w.model, w.revision) / f.name
         try:
             if self._size_ok(final, f.size):
-                if _sha256(final) == f.sha256:
+                if sha256_of(final) == f.sha256:
                     with self._lock:
                         self._checked.add(token)
                     return
@@ -370,7 +313,7 @@ class WeightsCache:
                     self._set_error(w.key, f"{f.name}: {exc.__class__.__name__}: {exc}")
                     time.sleep(RETRY_PAUSE * (attempt + 1))
                     continue  # resume from what arrived
-                if _sha256(part) == f.sha256:
+                if sha256_of(part) == f.sha256:
                     final.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(part, final)
                     with self._lock:
@@ -460,7 +403,7 @@ class WeightsCache:
         if w is None:
             return None
         if w.path:
-            return w.path if _present(Path(w.path)) else None
+            return w.path if present(Path(w.path)) else None
         rev_dir = self.revision_dir(w.model, w.revision)
         if key not in self._verified or self._manifest(rev_dir) is None:
             return None
@@ -480,18 +423,18 @@ class WeightsCache:
                 for rev_dir in self._dirs(model_dir):
                     key = f"{model_dir.name}@{rev_dir.name}"
                     complete = self._manifest(rev_dir) is not None and key in self._verified
-                    size = _tree_size(rev_dir, skip_dot=True)
+                    size = tree_size(rev_dir, skip_dot=True)
                     models[key] = CachedModel(model=model_dir.name, revision=rev_dir.name, bytes=size,
                                               total=size if complete else 0, complete=complete)
             for key, w in self._wanted.items():
                 progress = self._progress.get(key, _Progress())
                 entry = models.get(key) or CachedModel(model=w.model, revision=w.revision)
                 if w.path:
-                    entry.complete = not progress.error and _present(Path(w.path))
+                    entry.complete = not progress.error and present(Path(w.path))
                 else:
                     entry.total = sum(f.size for f in w.files)
                     if not entry.complete:
-                        entry.bytes = sum(min(f.size, _file_size(self.revision_dir(w.model, w.revision) / f.name)
+                        entry.bytes = sum(min(f.size, file_size(self.revision_dir(w.model, w.revision) / f.name)
                                               or self._part_size(w, f)) for f in w.files)
                 entry.rate = 0.0 if entry.complete else round(progress.rate, 1)
                 entry.error = progress.error
@@ -508,41 +451,3 @@ class WeightsCache:
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
-
-
-def _present(path: Path) -> bool:
-    try:
-        return path.is_file() or (path.is_dir() and any(path.iterdir()))
-    except OSError:
-        return False
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _tree_size(path: Path, *, skip_dot: bool = False) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        if skip_dot and p.name.startswith("."):
-            continue
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            pass
-    return total
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(CHUNK):
-                digest.update(block)
-    except OSError:
-        return ""
-    return digest.hexdigest()
