@@ -27,6 +27,7 @@ from .durations import BadDuration, parse_duration
 from .engine_user import engine_user_problem
 from .identity import cert_window
 from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE, mgmt_addr_problem
+from .weights_files import WeightsConfig
 
 CONFIG_EXIT_STATUS = 2
 USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
@@ -106,6 +107,7 @@ class AgentConfig:
     discovery: DiscoveryConfig = DiscoveryConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    weights: WeightsConfig | None = None  # None: no weights cache (every model's weights are placed by hand)
 
     def fabric_of(self, hca: str) -> str | None:
         for fabric in self.fabrics:
@@ -116,9 +118,11 @@ class AgentConfig:
 
 TOP_KEYS = (
     "node_id", "server", "tls", "mgmt_addr", "mgmt_interface", "heartbeat_interval",
-    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor", "engine_user", "telemetry",
+    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor", "engine_user", "telemetry", "weights",
 )
 TELEMETRY_KEYS = ("source", "interval", "sim_dir")
+WEIGHTS_KEYS = ("cache_dir", "budget", "downloads", "bandwidth", "verify_on_start")
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
 TLS_KEYS = ("ca", "cert", "key")
 FABRIC_KEYS = ("name", "hcas")
 DISCOVERY_KEYS = ("nvidia_smi", "ib_root", "prefer_nvml", "skip_gpus")
@@ -259,6 +263,7 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
     supervisor = dataclasses.replace(supervisor, engine_user=engine_user)
     telemetry = _read_telemetry(r, top.get("telemetry"))
     fabrics = _read_fabrics(r, top.get("fabrics"), discovery.ib_root)
+    weights = _read_weights(r, top.get("weights"))
 
     if r.errors:
         raise ConfigError(source, r.errors)
@@ -275,6 +280,7 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
         discovery=discovery,
         supervisor=supervisor,
         telemetry=telemetry,
+        weights=weights,
     )
 
 
@@ -295,6 +301,49 @@ def _read_telemetry(r: _Reader, value: Any) -> TelemetryConfig:
     elif sim_dir is not None and not sim_dir.is_dir():
         r.error("telemetry.sim_dir", f"{sim_dir} is not a directory")
     return TelemetryConfig(source=source, interval=interval, sim_dir=sim_dir)
+
+
+def parse_size(value: Any) -> int | None:
+    """Bytes from 500G, 1.5T, 200MiB or a plain number (K, M, G, T, P: powers
+    of 1000; Ki, Mi, ...: of 1024); None when it is not a size."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    match = SIZE_RE.match(str(value)) if isinstance(value, str) else None
+    if not match:
+        return None
+    power = "KMGTP".find(match.group(2).upper()) + 1 if match.group(2) else 0
+    return int(float(match.group(1)) * (1024 if match.group(3) else 1000) ** power)
+
+
+def _read_weights(r: _Reader, value: Any) -> WeightsConfig | None:
+    if value is None:
+        return None
+    data = r.mapping(value, "weights", WEIGHTS_KEYS)
+    if not isinstance(value, dict):
+        return None
+    text = r.string(data, "cache_dir", "weights.cache_dir")
+    cache_dir = r.path(text) if text else Path()
+    if text and cache_dir.exists() and not cache_dir.is_dir():
+        r.error("weights.cache_dir", f"{cache_dir} exists and is not a directory")
+    elif text and cache_dir.exists() and not os.access(cache_dir, os.W_OK):
+        r.error("weights.cache_dir", f"{cache_dir} is not writable by this user")
+    budget = parse_size(data.get("budget")) if data.get("budget") is not None else None
+    if data.get("budget") is None:
+        r.error("weights.budget", "missing; give the most the cache may hold, e.g. 500G (or 2TiB)")
+    elif not budget:
+        r.error("weights.budget", f"{data.get('budget')!r} is not a size above zero, e.g. 500G, 1.5T or 800GiB")
+    bandwidth = parse_size(data.get("bandwidth", 0))
+    if bandwidth is None:
+        r.error("weights.bandwidth", f"{data.get('bandwidth')!r} is not a rate in bytes per second, e.g. 200M "
+                "(0: no cap)")
+    downloads = r.integer(data, "downloads", "weights.downloads", 2, minimum=1)
+    if downloads > 64:
+        r.error("weights.downloads", f"{downloads} files at once is more than 64; give fewer")
+    verify = r.boolean(data, "verify_on_start", "weights.verify_on_start", True)
+    return WeightsConfig(cache_dir=cache_dir, budget_bytes=budget or 0, downloads=downloads,
+                         bandwidth=bandwidth or 0, verify_on_start=verify)
 
 
 def _read_tls(r: _Reader, value: Any) -> TlsConfig:

@@ -294,6 +294,30 @@ class Telemetry:
 
 
 @dataclass
+class CachedModel:
+    """One model at one revision in the node's weights cache."""
+
+    model: str
+    revision: str
+    bytes: int = 0  # on disk so far (verified files and partial downloads)
+    total: int = 0  # the manifest's total (0: not copied, read in place)
+    complete: bool = False  # every file present and its sha256 checked
+    rate: float = 0.0  # bytes per second while downloading
+    error: str = ""  # why it cannot complete now (no space, source unreachable, ...)
+
+
+@dataclass
+class WeightsReport:
+    """The node's weights cache (agent.weights): what it holds and its room."""
+
+    free_bytes: int = 0  # what more it may hold: min(budget left, disk free)
+    budget_bytes: int = 0
+    used_bytes: int = 0
+    downloads: int = 0  # files being fetched now
+    models: list[CachedModel] = field(default_factory=list)
+
+
+@dataclass
 class Heartbeat:
     agent_version: str
     mgmt_addr: str
@@ -306,6 +330,7 @@ class Heartbeat:
     desired_version: int = 0  # the version of desired state the agent holds
     protocol: int = PROTOCOL_VERSION
     telemetry: Telemetry | None = None  # GPU readings, at most every telemetry interval
+    weights: WeightsReport | None = None  # None: the agent keeps no weights cache
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -328,12 +353,45 @@ class DesiredMember:
     ports: dict[str, int]
     serves_http: bool
     health_url: str | None = None
+    # "model@revision" of DesiredState.weights: the agent starts the member
+    # once those weights are complete, with WEIGHTS_PATH_ARG in argv and env
+    # replaced by their local path. "": not managed (argv says the path).
+    weights: str = ""
+
+
+# An argv element (or env value) that the agent replaces with the local path
+# of the member's weights (DesiredMember.weights).
+WEIGHTS_PATH_ARG = "{llmgw:weights}"
+
+
+@dataclass
+class WeightsFile:
+    name: str  # a relative path of plain parts (checked again by the agent)
+    size: int
+    sha256: str
+    url: str
+
+
+@dataclass
+class DesiredWeights:
+    """Weights the node should hold: fetched into its cache (``files``), or
+    read in place at ``path`` (a shared filesystem, or placed by hand)."""
+
+    model: str
+    revision: str
+    files: list[WeightsFile] = field(default_factory=list)
+    path: str = ""  # in place: where they are; "" for files fetched into the cache
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}@{self.revision}"
 
 
 @dataclass
 class DesiredState:
     version: int
     members: list[DesiredMember] = field(default_factory=list)
+    weights: list[DesiredWeights] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DesiredState":

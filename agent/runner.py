@@ -32,6 +32,7 @@ from .identity import IdentityError, renewal_due
 from .nvml import TelemetryReader
 from .protocol import DesiredState, FabricMembership, Heartbeat, Telemetry
 from .supervisor import Supervisor
+from .weights import WeightsCache
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ SUPERVISE_TICK = 0.25
 LONG_POLL_WAIT = 25.0
 LONG_POLL_RETRY_WITHOUT_ENDPOINT = 60.0
 REDISCOVER_EVERY = 60.0
+WEIGHTS_SYNC_EVERY = 5.0  # a failed download is tried again (and space looked at) this often
 MIN_HEARTBEAT_GAP = 0.1  # a flapping engine must not turn into a heartbeat storm
 # What the control plane last told this agent, kept across restarts: an agent
 # restarted while the control plane is away still backs off no longer than
@@ -152,7 +154,16 @@ class Agent:
         self._telemetry_lock = threading.Lock()
         self.read_telemetry_now = threading.Event()
         self.telemetry = TelemetryReader(config, on_xid=self.read_telemetry_now.set)
+        self._weights_changed = threading.Event()
+        self.weights = (WeightsCache(config.weights, on_change=self._on_weights_change)
+                        if config.weights else None)
         self._log_inventory()
+
+    def _on_weights_change(self) -> None:
+        """A revision completed (or failed): engines waiting for it may start."""
+        self._weights_changed.set()
+        self.desired.changed.set()
+        self.report_now.set()
 
     def _log_inventory(self) -> None:
         inv = self.inventory
@@ -180,6 +191,8 @@ class Agent:
         finally:
             self.supervisor.close()
             self.telemetry.close()
+            if self.weights is not None:
+                self.weights.close()
             self.client.close()
             logger.info("agent stopped; engines left running for the next agent to adopt")
 
@@ -201,10 +214,20 @@ class Agent:
 
     def _supervise_loop(self) -> None:
         last = None
+        held: DesiredState | None = None
+        synced = 0.0
         while not self.stopping.is_set():
             desired = self.desired.take()
+            weights_news = self._weights_changed.is_set()
+            self._weights_changed.clear()
             if desired is not None:
-                self.supervisor.converge(desired)
+                held = desired
+            if self.weights is not None and held is not None and (
+                    desired is not None or time.monotonic() - synced > WEIGHTS_SYNC_EVERY):
+                synced = time.monotonic()
+                self.weights.sync(held.weights, in_use=self.supervisor.weights_in_use())
+            if desired is not None or (weights_news and held is not None):
+                self.supervisor.converge(held, weights_path=self.weights.local_path if self.weights else None)
             self.supervisor.tick()
             current = self.supervisor.engines_snapshot()
             if current != last:
@@ -231,6 +254,7 @@ class Agent:
             engines=self.supervisor.report(with_logs=with_logs),
             desired_version=self.desired.version,
             telemetry=self._telemetry,
+            weights=self.weights.report() if self.weights is not None else None,
         )
         return heartbeat, snapshot
 

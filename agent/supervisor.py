@@ -22,16 +22,18 @@ from another.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from .config import SupervisorConfig
 from .engine_process import EngineProcess, check_health, spec_digest
 from .engine_user import engine_user_resolve
-from .protocol import MEMBER_ID_RE, DesiredState, EngineState
+from .protocol import MEMBER_ID_RE, WEIGHTS_PATH_ARG, DesiredMember, DesiredState, EngineState
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +82,12 @@ class Supervisor:
 
     # --- converging ------------------------------------------------------------------
 
-    def converge(self, desired: DesiredState, now: float | None = None) -> None:
+    def weights_in_use(self) -> set[str]:
+        """The weights (model@revision) of engines that run or are starting."""
+        return {e.spec.weights for e in self.engines().values() if not e.exited and getattr(e.spec, "weights", "")}
+
+    def converge(self, desired: DesiredState, now: float | None = None,
+                 weights_path: Callable[[str], str | None] | None = None) -> None:
         now = time.monotonic() if now is None else now
         wanted = {}
         for member in desired.members:
@@ -89,6 +96,15 @@ class Supervisor:
                     logger.error("desired member %r has a name unfit for a directory; not starting it", member.member)
                     self._refused.add(member.member)
                 continue
+            if member.weights:
+                path = weights_path(member.weights) if weights_path else None
+                if path is None:
+                    # Its weights are not here (or not checked) yet: it starts
+                    # once they are (agent.weights); one already running stays.
+                    if member.member in self._engines:
+                        wanted[member.member] = self._engines[member.member].spec
+                    continue
+                member = with_weights_path(member, path)
             wanted[member.member] = member
         with self._lock:
             for name, engine in list(self._engines.items()):
@@ -180,3 +196,13 @@ class Supervisor:
     def close(self) -> None:
         """Stop watching. The engines keep running: a new agent adopts them."""
         self._health_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def with_weights_path(member: DesiredMember, path: str) -> DesiredMember:
+    """The member with WEIGHTS_PATH_ARG in its argv and env replaced by the
+    local path of its weights."""
+    return dataclasses.replace(
+        member,
+        argv=[path if a == WEIGHTS_PATH_ARG else a for a in member.argv],
+        env={k: path if v == WEIGHTS_PATH_ARG else v for k, v in member.env.items()},
+    )

@@ -156,6 +156,7 @@ class ClusterCollector:
                                 value=sum(f for _, f, _ in cluster["gpus"].values()))
         yield from autoscale_families(cluster.get("autoscale"))
         yield from gpu_families(cluster.get("gpu_health", []))
+        yield from _weights_families(cluster)
 
 
 # Per-GPU gauges under DCGM exporter's names (so existing boards adapt), each
@@ -195,6 +196,20 @@ def gpu_families(rows: list[dict[str, Any]]):
             health.add_metric((*labels, state), 1.0 if row["health"] == state else 0.0)
     yield from families.values()
     yield health
+
+
+def _weights_families(cluster: dict[str, Any]):
+    """The nodes' weights caches (docs/weights.md), for nodes that keep one."""
+    free = cluster.get("weights_free", {})
+    for name, key, doc in (
+        ("llmgw_weights_cached_bytes", "weights_cached", "Bytes of verified model weights each node's cache holds."),
+        ("llmgw_weights_downloads", "weights_fetching", "Model revisions each node is fetching now."),
+        ("llmgw_weights_cache_free_bytes", "weights_free", "Free space of each node's weights cache."),
+    ):
+        family = GaugeMetricFamily(name, doc, labels=("node",))
+        for node in sorted(set(free) | set(cluster.get(key, {}))):
+            family.add_metric((node,), cluster.get(key, {}).get(node, 0))
+        yield family
 
 
 def _forget_dead_gauges() -> None:

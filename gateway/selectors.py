@@ -18,7 +18,7 @@ from nodes.choices import NodeStatus
 from nodes.models import Gpu, Node
 from nodes.selectors import age_seconds, gpu_health_list, node_last_seen
 from replicas.choices import ReplicaStatus
-from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
+from replicas.models import CachedWeights, CatalogEntry, GpuAllocation, Member, NodeCache, Replica
 
 from . import engineload, inflight
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY
@@ -191,4 +191,18 @@ def cluster_gauges() -> dict[str, Any]:
         "autoscale": autoscale_gauges(),
         # Each GPU's health and latest readings (nodes.selectors.gpu_health_list).
         "gpu_health": gpu_health_list(),
+        **_weights_gauges(),
     }
+
+
+def _weights_gauges() -> dict[str, Any]:
+    """Per node: bytes of verified weights held, revisions being fetched, free cache space."""
+    cached: dict[str, int] = {}
+    fetching: dict[str, int] = {}
+    for node, size, complete in CachedWeights.objects.values_list("node__name", "bytes", "complete"):
+        if complete:
+            cached[node] = cached.get(node, 0) + size
+        else:
+            fetching[node] = fetching.get(node, 0) + 1
+    free = dict(NodeCache.objects.values_list("node__name", "free_bytes"))
+    return {"weights_cached": cached, "weights_fetching": fetching, "weights_free": free}

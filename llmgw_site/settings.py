@@ -302,6 +302,17 @@ LLMGW_ROLLOUT_MAX_FAILURES = env.int("LLMGW_ROLLOUT_MAX_FAILURES", default=3)
 # A replica fails once an engine of it failed at start this many times (its
 # agent restarts it with a growing delay in between: crash-loop backoff).
 LLMGW_ENGINE_START_ATTEMPTS = env.int("LLMGW_ENGINE_START_ATTEMPTS", default=5)
+# Model weights (replicas/weights.py, docs/weights.md): the Hugging Face
+# endpoint a catalog source of kind hf reads (the hub, or a mirror inside the
+# cluster), its token (private repositories), and how long resolving a source
+# at apply may take.
+LLMGW_HF_ENDPOINT = env.str("LLMGW_HF_ENDPOINT", default="https://huggingface.co").rstrip("/")
+LLMGW_HF_TOKEN = (Path(env.str("LLMGW_HF_TOKEN_FILE")).read_text().strip()
+                  if env.str("LLMGW_HF_TOKEN_FILE", default="") else env.str("LLMGW_HF_TOKEN", default=""))
+LLMGW_WEIGHTS_RESOLVE_TIMEOUT = env.float("LLMGW_WEIGHTS_RESOLVE_TIMEOUT", default=30.0)
+# Air-gapped: refuse sources of kind hf or http whose host is not one of
+# these (comma-separated; empty: any host).
+LLMGW_WEIGHTS_ALLOWED_HOSTS = env.list("LLMGW_WEIGHTS_ALLOWED_HOSTS", default=[])
 LLMGW_PORT_MIN = env.int("LLMGW_PORT_MIN", default=20000)
 LLMGW_PORT_MAX = env.int("LLMGW_PORT_MAX", default=29999)
 # A gap this long in the control plane's own hearing (agent API or sweep not

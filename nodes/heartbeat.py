@@ -32,7 +32,7 @@ from django.db import DatabaseError, OperationalError
 
 from core import outages
 
-from . import liveness, selectors
+from . import hooks, liveness, selectors
 from .clock import agent_reconnect_max
 from .choices import NodeStatus
 from .exceptions import InventoryRejected
@@ -53,6 +53,7 @@ class _Known:
     inventory_hash: str
     engines_hash: str
     desired: dict[str, Any]
+    weights_hash: str = ""
 
 
 _known: dict[str, _Known] = {}
@@ -80,6 +81,20 @@ def engines_hash(engines: Any) -> str:
     )
 
 
+def weights_hash(payload: dict[str, Any]) -> str:
+    """What of the weights report is worth a write: which revisions, complete
+    or not, errors, and bytes and free space to the percent (so a download
+    writes its progress about a hundred times, not at every heartbeat)."""
+    report = payload.get("weights")
+    try:
+        budget = report["budget_bytes"] or 1
+        models = [[m["model"], m["revision"], m["complete"], m["error"],
+                   int(100 * m["bytes"] / m["total"]) if m["total"] else m["bytes"]] for m in report["models"]]
+        return _digest([int(100 * report["free_bytes"] / budget), report["downloads"] > 0, models])
+    except (TypeError, KeyError, ValueError, ZeroDivisionError, AttributeError):
+        return _digest(report)  # absent, or malformed: validation says which
+
+
 def _reply(node_name: str, known: _Known) -> dict[str, Any]:
     return {
         "node": node_name,
@@ -103,9 +118,11 @@ def _node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any
     store = liveness.store()
     inv_hash = inventory_hash(payload)
     eng_hash = engines_hash(payload.get("engines", []))
+    w_hash = weights_hash(payload)
     known = _known.get(node_name) if store.caches_nodes else None
     recorded = False
-    if known is not None and known.inventory_hash == inv_hash and known.engines_hash == eng_hash:
+    if (known is not None and known.inventory_hash == inv_hash and known.engines_hash == eng_hash
+            and known.weights_hash == w_hash):
         # The heartbeat we validated and stored last time: only liveness is news.
         version = store.heard(node_name, time.time())
         if version is not None and version == known.version:
@@ -121,7 +138,8 @@ def _node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any
             store.record(node_name, time.time())
         raise OperationalError(f"the database is unreachable ({outages.database_dependency.cause})")
     try:
-        known = _from_database(node_name, payload, inv_hash, eng_hash, version, recorded)
+        known = _from_database(node_name, payload, inv_hash, eng_hash, version, recorded,
+                               w_hash=w_hash, previous_w_hash=known.weights_hash if known is not None else None)
     except DatabaseError as exc:
         if outages.dependency_failed(exc) is None:
             raise
@@ -141,7 +159,8 @@ def _reply_without_database(node_name: str, known: _Known, recorded: bool) -> di
 
 
 def _from_database(
-    node_name: str, payload: dict[str, Any], inv_hash: str, eng_hash: str, version: Any, recorded: bool
+    node_name: str, payload: dict[str, Any], inv_hash: str, eng_hash: str, version: Any, recorded: bool,
+    *, w_hash: str = "", previous_w_hash: str | None = None,
 ) -> _Known:
     store = liveness.store()
     row = (
@@ -171,6 +190,13 @@ def _from_database(
                 store.record(node_name, time.time())
             raise
         row = {"status": node.status, "desired_version": node.desired_version}
+    if w_hash != previous_w_hash and hooks.weights_report_handlers:
+        # The node's weights cache changed (or this process has not heard it
+        # yet): the apps that place by it hear it before the answer is read,
+        # so that a replica whose weights just arrived is in this answer.
+        report = heartbeat_clean(payload).get("weights")
+        for handler in hooks.weights_report_handlers:
+            handler(node_name=node_name, report=report)
     if not recorded:
         store.record(node_name, time.time())
     if registered and row["desired_version"] == 0:
@@ -186,6 +212,7 @@ def _from_database(
         inventory_hash=inv_hash,
         engines_hash=eng_hash,
         desired=desired,
+        weights_hash=w_hash,
     )
     _known[node_name] = known
     return known

@@ -26,5 +26,10 @@ node_lost_handlers: list[Callable[..., None]] = []
 node_undrained_handlers: list[Callable[..., None]] = []
 # (node_name=str) -> list of desired member dicts (agent.protocol.DesiredMember).
 desired_member_providers: list[Callable[..., list[dict[str, Any]]]] = []
+# (node_name=str) -> list of desired weights dicts (agent.protocol.DesiredWeights).
+desired_weights_providers: list[Callable[..., list[dict[str, Any]]]] = []
+# (node_name=str, report=cleaned agent.protocol.WeightsReport dict or None)
+# -> None, in a transaction of its own, when a node's weights report changed.
+weights_report_handlers: list[Callable[..., None]] = []
 # () -> {node name: replicas with a member on the node}, for listings.
 replica_counters: list[Callable[..., dict[str, int]]] = []

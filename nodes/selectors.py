@@ -44,7 +44,13 @@ def node_desired_state(*, node_name: str, version: int) -> dict[str, Any]:
     members: list[dict[str, Any]] = []
     for provider in hooks.desired_member_providers:
         members.extend(provider(node_name=node_name))
-    return {"version": version, "members": members}
+    weights: list[dict[str, Any]] = []
+    for provider in hooks.desired_weights_providers:
+        weights.extend(provider(node_name=node_name))
+    desired = {"version": version, "members": members}
+    if weights:  # absent means none (agent.protocol.DesiredState's default)
+        desired["weights"] = weights
+    return desired
 
 
 def node_replica_counts() -> dict[str, int]:

@@ -25,6 +25,7 @@ from agent.protocol import (
     FABRIC_NAME_RE,
     HCA_NAME_RE,
     TELEMETRY_SOURCES,
+    CachedModel,
     EngineState,
     FabricMembership,
     GpuInfo,
@@ -32,6 +33,7 @@ from agent.protocol import (
     HcaInfo,
     Heartbeat,
     Telemetry,
+    WeightsReport,
     mgmt_addr_problem,
 )
 
@@ -158,6 +160,18 @@ LIMITS: dict[str, dict[str, Any]] = {
     "Telemetry.source": {"choices": TELEMETRY_SOURCES},
     "Telemetry.gpus": {"max_length": 64, "allow_empty": True},
     "Telemetry.note": {"max_length": 500},
+    # The weights cache (agent.weights; stored by replicas.weights_cache).
+    "WeightsReport.free_bytes": {"min_value": 0},
+    "WeightsReport.budget_bytes": {"min_value": 0},
+    "WeightsReport.used_bytes": {"min_value": 0},
+    "WeightsReport.downloads": {"min_value": 0, "max_value": 100000},
+    "WeightsReport.models": {"max_length": 1000},
+    "CachedModel.model": {"max_length": 128},
+    "CachedModel.revision": {"max_length": 128},
+    "CachedModel.bytes": {"min_value": 0},
+    "CachedModel.total": {"min_value": 0},
+    "CachedModel.rate": {"min_value": 0},
+    "CachedModel.error": {"max_length": 500},
 }
 
 
@@ -227,7 +241,7 @@ HeartbeatSerializer = type("HeartbeatSerializer", (_serializer(Heartbeat),),
 
 # A bound for a field the protocol no longer has would be dropped in silence.
 _unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat,
-                                                               GpuReading, Telemetry)
+                                                               GpuReading, Telemetry, WeightsReport, CachedModel)
                           for f in dataclasses.fields(c)}
 if _unknown:
     raise TypeError(f"nodes.validation.LIMITS names fields agent.protocol does not have: {sorted(_unknown)}")

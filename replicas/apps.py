@@ -8,7 +8,7 @@ class ReplicasConfig(AppConfig):
         from core.events import event_kinds_register
         from nodes import hooks
 
-        from . import drain, selectors, services
+        from . import drain, selectors, services, weights_cache
         from .choices import ReplicaEventKind
 
         event_kinds_register(owner=self.label, kinds=ReplicaEventKind)
@@ -21,3 +21,5 @@ class ReplicasConfig(AppConfig):
         hooks.gpus_cleared_handlers.append(services.replicas_gpus_cleared)
         hooks.desired_member_providers.append(selectors.node_desired_members)
         hooks.replica_counters.append(selectors.node_replica_counts)
+        hooks.desired_weights_providers.append(weights_cache.node_desired_weights)
+        hooks.weights_report_handlers.append(weights_cache.node_weights_report)

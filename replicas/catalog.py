@@ -24,6 +24,7 @@ from .revisions import revision_current
 from .rollout import rollout_begin
 from .scheduling import model_never_fits
 from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, catalog_entry_clean
+from .weights import SourceUnresolvable, source_resolve
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 min_, max_ = min, max
 
 FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale", "max_surge",
-          "max_unavailable")
+          "max_unavailable", "source", "manifest", "spares")
 
 
 class CatalogInvalid(ValueError):
@@ -149,14 +150,39 @@ def catalog_held(models) -> dict[str, dict[str, Any]]:
     return {m.name: {f: getattr(m, f) for f in TRUSTED_FIELDS} for m in models}
 
 
+def catalog_manifests(clean: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each entry's weights manifest: the stored one while its source is
+    unchanged (a source is resolved once), else resolved now, outside any
+    transaction (it reads the source over the network). CatalogInvalid
+    names every source that cannot be resolved."""
+    stored = {m.name: (m.source, m.manifest) for m in
+              CatalogEntry.objects.filter(name__in=[d["name"] for d in clean]).only("name", "source", "manifest")}
+    manifests, errors = {}, []
+    for data in clean:
+        source = data.get("source") or {}
+        held_source, held_manifest = stored.get(data["name"], ({}, {}))
+        if source == held_source and (held_manifest or not source):
+            manifests[data["name"]] = held_manifest
+            continue
+        try:
+            manifests[data["name"]] = source_resolve(source, weights=data.get("weights", ""))
+        except SourceUnresolvable as exc:
+            errors.append(f"{data['name']}: source: {exc}")
+    if errors:
+        raise CatalogInvalid(errors)
+    return manifests
+
+
 def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
                   admin: bool = True) -> dict[str, list[str]]:
     """Create and update the given models; with ``prune``, remove the others.
-    All or nothing: one bad entry and nothing changes. ``admin``: whether
-    the caller may set admin-only flags (replicas.engines.policy)."""
+    All or nothing: one bad entry (or a weights source that cannot be
+    resolved) and nothing changes. ``admin``: whether the caller may set
+    admin-only flags (replicas.engines.policy)."""
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "removed": []}
-    if admin:
-        clean = catalog_validate(entries)
+    # Shape first (every problem at once), then the sources, before any lock.
+    clean = catalog_validate(entries)
+    manifests = catalog_manifests(clean)
     with transaction.atomic():
         existing = {m.name: m for m in CatalogEntry.objects.select_for_update(no_key=True)}
         if not admin:
@@ -165,6 +191,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
             model = existing.get(data["name"])
             _keep_masked_secrets(data, model)
             autoscaled_count(data, model)
+            data["manifest"] = manifests.get(data["name"], {})
             if model is None:
                 model = CatalogEntry.objects.create(**data)
                 result["created"].append(model.name)
@@ -315,10 +342,12 @@ def model_autoscale_set(*, name: str, policy: dict[str, Any] | None, actor: str 
 
 def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
     """One entry, created or updated (the REST API and the admin)."""
+    manifests = catalog_manifests(catalog_validate([entry]))
     with transaction.atomic():
         held = catalog_held(CatalogEntry.objects.select_for_update(no_key=True).filter(name=str(entry.get("name", ""))))
         (data,) = catalog_validate([entry], admin=admin, held=held)
         current = CatalogEntry.objects.select_for_update(no_key=True).filter(name=data["name"]).first()
+        data["manifest"] = manifests.get(data["name"], {})
         _keep_masked_secrets(data, current)
         autoscaled_count(data, current)
         model, created = CatalogEntry.objects.select_for_update(no_key=True).get_or_create(name=data["name"], defaults=data)

@@ -18,6 +18,9 @@ class RoutingPolicy(models.TextChoices):
 class ReplicaStatus(models.TextChoices):
     PENDING = "pending"
     SCHEDULED = "scheduled"
+    # Placed where the weights are missing: its nodes fetch them
+    # (replicas.weights_staging) before its engines start.
+    STAGING = "staging"
     STARTING = "starting"
     READY = "ready"
     STOPPING = "stopping"
@@ -27,7 +30,8 @@ class ReplicaStatus(models.TextChoices):
 
 REPLICA_TRANSITIONS: dict[str, set[str]] = {
     ReplicaStatus.PENDING: {ReplicaStatus.SCHEDULED, ReplicaStatus.STOPPED},
-    ReplicaStatus.SCHEDULED: {ReplicaStatus.STARTING, ReplicaStatus.FAILED, ReplicaStatus.STOPPING},
+    ReplicaStatus.SCHEDULED: {ReplicaStatus.STAGING, ReplicaStatus.STARTING, ReplicaStatus.FAILED, ReplicaStatus.STOPPING},
+    ReplicaStatus.STAGING: {ReplicaStatus.STARTING, ReplicaStatus.FAILED, ReplicaStatus.STOPPING},
     ReplicaStatus.STARTING: {ReplicaStatus.READY, ReplicaStatus.FAILED, ReplicaStatus.STOPPING},
     ReplicaStatus.READY: {ReplicaStatus.STOPPING, ReplicaStatus.FAILED},
     ReplicaStatus.STOPPING: {ReplicaStatus.STOPPED},
@@ -37,7 +41,7 @@ REPLICA_TRANSITIONS: dict[str, set[str]] = {
 }
 
 # Holding GPUs and running (or about to run) on nodes.
-PLACED = frozenset({ReplicaStatus.SCHEDULED, ReplicaStatus.STARTING, ReplicaStatus.READY})
+PLACED = frozenset({ReplicaStatus.SCHEDULED, ReplicaStatus.STAGING, ReplicaStatus.STARTING, ReplicaStatus.READY})
 # Counted toward a model's desired replica count.
 WANTED = frozenset({ReplicaStatus.PENDING, *PLACED})
 TERMINAL = frozenset({ReplicaStatus.STOPPED})
@@ -110,6 +114,8 @@ class ReplicaEventKind(models.TextChoices):
     MODEL = "model"
     REPLICA_STATUS = "replica.status"
     REPLICA_PENDING = "replica.pending"
+    # Weights: resolved at apply, staging progress, staged by hand, evicted (replicas.weights*).
+    WEIGHTS = "weights"
     DRAIN = "drain"
     AUTOSCALE = "autoscale"
     ROLLOUT = "rollout"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.protocol import WEIGHTS_PATH_ARG
 from nodes.models import Node
 
 from .engines import LaunchInput, launch_spec
@@ -27,7 +28,8 @@ def member_launch(
         LaunchInput(
             model=model.name,
             engine=model.engine,
-            weights=model.weights,
+            # Managed weights: the agent puts their local path in (agent.weights).
+            weights=WEIGHTS_PATH_ARG if model.manifest else model.weights,
             nodes=model.nodes,
             gpus_per_node=model.gpus_per_node,
             args=list(model.args or []),

@@ -42,6 +42,13 @@ class CatalogEntry(models.Model):
     max_unavailable = models.PositiveSmallIntegerField(default=1)
     # The number of the current ModelRevision (0: none recorded yet).
     revision = models.PositiveIntegerField(default=0)
+    # Where the weights come from (replicas.weights: hf, http, path, none; {}:
+    # not managed, every node is taken to hold them) and what that resolved to
+    # when the catalog was applied: files, sizes, sha256 (replicas.weights).
+    source = models.JSONField(default=dict, blank=True)
+    manifest = models.JSONField(default=dict, blank=True)
+    # Nodes per fabric that keep the weights staged beyond those serving them.
+    spares = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -108,6 +115,9 @@ class Replica(models.Model):
     quiesced = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(null=True, blank=True)
+    # While staging: {"bytes", "total", "rate", "eta", "nodes": {node: bytes}}
+    # (replicas.weights_staging), what the agents last reported.
+    staging = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["model__name", "id"]
@@ -245,3 +255,58 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model.name} revision {self.from_revision} -> {self.to_revision}"
+
+
+class CachedWeights(models.Model):
+    """What a node's agent reported holding in its weights cache: one model at
+    one revision, complete (verified) or bytes so far. Written when a report
+    changes, not per heartbeat (replicas.weights_cache)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cached_weights")
+    model = models.CharField(max_length=128)
+    revision = models.CharField(max_length=128)
+    bytes = models.BigIntegerField(default=0)
+    total = models.BigIntegerField(default=0)
+    complete = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node", "model", "revision"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "model", "revision"], name="%(app_label)s_%(class)s_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model}@{self.revision[:12]} on {self.node_id}"
+
+
+class NodeCache(models.Model):
+    """A node's weights cache as its agent last reported it (free space, budget)."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="weights_cache")
+    free_bytes = models.BigIntegerField(default=0)
+    budget_bytes = models.BigIntegerField(default=0)
+    used_bytes = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class StagedWeights(models.Model):
+    """A node asked to hold a model's weights with no replica of it there: a
+    spare of its fabric (``CatalogEntry.spares``) or staged by hand (``ctl
+    models stage``). Its agent keeps them fetched; they are not evicted while
+    this row stands."""
+
+    class Why(models.TextChoices):
+        SPARE = "spare"
+        MANUAL = "manual"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="staged_weights")
+    model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="staged_on")
+    why = models.CharField(max_length=16, choices=Why.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "node"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "model"], name="%(app_label)s_%(class)s_unique"),
+        ]

@@ -23,6 +23,8 @@ from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, ModelRevision, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
 from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
+from .weights_cache import replicas_staging_advance
+from .weights_spares import spares_reconcile
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ def replicas_reconcile() -> None:
     for model_id in list(CatalogEntry.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
+    replicas_staging_advance()
+    spares_reconcile()
     moves.moves_step()
     respread.spread_step()
     # Again, now that this pass has tried to place what was pending: a drain
@@ -125,7 +129,7 @@ def members_nudge() -> list[str]:
     one lost with a process is made up for here; an agent told twice just
     finds nothing new."""
     before = timezone.now() - NUDGE_AFTER
-    stale = Q(replica__status=ReplicaStatus.SCHEDULED, state=MemberState.PENDING) | Q(
+    stale = Q(replica__status__in=[ReplicaStatus.SCHEDULED, ReplicaStatus.STARTING], state=MemberState.PENDING) | Q(
         replica__status__in=[ReplicaStatus.FAILED, ReplicaStatus.STOPPING], replica__quiesced=True)
     names = sorted(set(
         Member.objects.filter(stale, replica__status_changed_at__lt=before, node__status__in=LIVE)

@@ -29,6 +29,8 @@ from .models import CatalogEntry, GpuAllocation, Member, PortAllocation, Replica
 from .revisions import replica_launch
 from .selectors import members_wanted
 from .services import replicas_transition_scheduled
+from .weights_cache import replicas_staging_begin, weights_need, weights_view
+from .weights_placement import place_weights
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +207,7 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         }
         replicas = [replica for replica, _ in items]
         replicas_transition_scheduled(replicas=replicas, reasons=reasons)
+        replicas_staging_begin(replicas=replicas)
         nodes_desired_changed(node_names=names, held=True)
     return replicas
 
@@ -254,13 +257,21 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
         if not pending:
             return placed
         snapshot = cluster_snapshot()
+        view = None  # the nodes' weights caches, read once a managed model needs them
         chosen: list[tuple[Replica, placement.Placement]] = []
         notes: list[tuple[Replica, str, Event]] = []
         conflict = False
         for index, replica in enumerate(pending):
             model = replica_launch(replica)
             request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
-            result = placement.place(request, snapshot)
+            need = weights_need(model)
+            if need is None:
+                result = placement.place(request, snapshot)
+            else:
+                view = view or weights_view()
+                result = place_weights(request, snapshot, view, need)
+                if isinstance(result, placement.Placement):
+                    view.reserve(result, need)
             if isinstance(result, placement.Unplaceable):
                 note = _pending_note(replica, result.reason, result.never)
                 if note:

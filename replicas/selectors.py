@@ -27,6 +27,9 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
     """The members a node should run: its wanted members."""
     members = (
         members_wanted().filter(node__name=node_name)
+        # A staging replica's members start once all its nodes hold its
+        # weights (replicas.weights_cache.replicas_staging_advance).
+        .exclude(replica__status=ReplicaStatus.STAGING)
         .select_related("replica__model", "replica__revision")
         .order_by("replica_id", "rank")
     )
@@ -44,6 +47,8 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
             "ports": m.ports,
             "serves_http": m.serves_http,
             "health_url": m.health_url or None,
+            "weights": (f"{m.replica.model.name}@{m.replica.model.manifest['revision']}"
+                        if m.replica.model.manifest else ""),
         }
         for m in members
     ]

@@ -20,10 +20,11 @@ from .engines import EngineArgsError, adapter_for, check_entry, check_env
 from .engines.policy import refusal_message
 from .autoscaling.policy import MAX_REPLICAS, PolicyFields
 from .models import MODEL_NAME, CatalogEntry
+from .weights import source_problems
 
 # What an operator writes; the other fields are the control plane's.
 ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale",
-                "max_surge", "max_unavailable"]
+                "max_surge", "max_unavailable", "source", "spares"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -77,6 +78,9 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     # down at once when there is no room to start a replacement first.
     max_surge = serializers.IntegerField(min_value=1, max_value=1000, default=1)
     max_unavailable = serializers.IntegerField(min_value=0, max_value=1000, default=1)
+    # Where the weights come from (replicas.weights); {} leaves them unmanaged.
+    source = serializers.JSONField(required=False, default=dict)
+    spares = serializers.IntegerField(min_value=0, max_value=64, default=0)
 
     class Meta:
         model = CatalogEntry
@@ -84,7 +88,15 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
         # Not unique here: applying an existing name updates it.
         extra_kwargs = {"name": {"validators": [MODEL_NAME]}}
 
+    def validate_source(self, value):
+        problems = source_problems(value)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value or {}
+
     def validate(self, data):
+        if data.get("spares") and not data.get("source"):
+            raise serializers.ValidationError({"spares": ["spares keep weights staged: give the model a source"]})
         problems = engine_problems(data)
         if problems:
             raise serializers.ValidationError(problems)

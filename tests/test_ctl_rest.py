@@ -52,7 +52,7 @@ def cluster():
 
 def test_nodes_table(ctl_env, cluster):
     lines = run("nodes", env=ctl_env).stdout.splitlines()
-    assert lines[0].split() == ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "notes"]
+    assert lines[0].split() == ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "cache", "weights", "notes"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["node01"][:6] == ["node01", "ready", "ib-a,ib-b", "2", rows["node01"][4], "0"]
     assert rows["node01"][4].endswith("s") and 2 <= int(rows["node01"][4][:-1]) < 60

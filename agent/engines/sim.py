@@ -31,6 +31,7 @@ import argparse
 import json
 import logging
 import os
+import pathlib
 import signal
 import socket
 import sys
@@ -250,6 +251,21 @@ def _describe(fabrics: dict[int, str]) -> str:
     return ", ".join(f"rank {r}: {f or 'none'}" for r, f in sorted(fabrics.items()))
 
 
+def _weights_present(path: str) -> bool:
+    """The weights are there: a file, or a directory with its files (those a
+    ``.complete`` manifest of agent.weights lists, at their sizes)."""
+    where = pathlib.Path(path)
+    if where.is_file():
+        return True
+    try:
+        manifest = json.loads((where / ".complete").read_text())
+        return all((where / f["name"]).stat().st_size == f["size"] for f in manifest["files"])
+    except FileNotFoundError:
+        return where.is_dir() and any(p.is_file() and not p.name.startswith(".") for p in where.rglob("*"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw sim engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, required=True)
@@ -259,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="leader's HTTP port")
     parser.add_argument("--model", required=True)
     parser.add_argument("--fabric", default="", help="this member's fabric ('' for none)")
+    parser.add_argument("--weights", default="", help="the weights' local path: refused when it holds nothing")
     parser.add_argument("--join-timeout", type=float, default=600.0, help="give up forming the group after this")
     parser.add_argument("--peer-timeout", type=float, default=5.0, help="a peer silent this long is gone")
     model = parser.add_argument_group(
@@ -331,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda s, _f: _exit(EXIT_STOPPED, f"stopped by {signal.Signals(s).name}"))
+    if args.weights and not _weights_present(args.weights):
+        # Nothing pretends: a real engine cannot load weights that are not there.
+        _exit(EXIT_REFUSED, f"no model weights at {args.weights}: refusing to start")
     (Leader(args) if args.rank == 0 else Worker(args)).run()
     return 0
 

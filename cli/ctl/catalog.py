@@ -22,9 +22,18 @@ def register(ctl_sub) -> None:
     scale.add_argument("--min", type=int, help="an autoscaled model's fewest replicas")
     scale.add_argument("--max", type=int, help="an autoscaled model's most replicas")
     scale.set_defaults(func=_scale)
-    models = ctl_sub.add_parser("models", help="the catalog, with replica counts and why any cannot be placed")
+    models = ctl_sub.add_parser("models", help="the catalog, with replica counts, where each model's weights are "
+                                "staged, and why any cannot be placed")
     output_flag(models)
     models.set_defaults(func=_models)
+    models_sub = models.add_subparsers(dest="models_command", required=False)
+    stage = models_sub.add_parser("stage", help="fetch a model's weights onto nodes ahead of need "
+                                  "(--node N, more than once, or --fabric F: every ready node of it)")
+    stage.add_argument("model")
+    where = stage.add_mutually_exclusive_group(required=True)
+    where.add_argument("--node", action="append", dest="nodes", metavar="NODE")
+    where.add_argument("--fabric")
+    stage.set_defaults(func=_stage)
     replicas = ctl_sub.add_parser("replicas", help="replicas and their members (node, rank, GPUs, ports, state)")
     replicas.add_argument("--model")
     replicas.add_argument("--all", action="store_true", help="include stopped replicas")
@@ -66,17 +75,35 @@ def _scale(args) -> int:
     return 0
 
 
-def _model_row(m: dict) -> list[object]:
+def _model_row(m: dict, weights: dict[str, dict]) -> list[object]:
     counts = m["replica_counts"]
     notes = m["never_fits_reason"] or "; ".join(m["pending_reasons"])
+    w = weights.get(m["name"])
+    if w is None:
+        staged = "-"  # unmanaged: every node is taken to hold them
+    else:
+        staged = ",".join(w["staged_on"]) or "none"
+        if w["fetching_on"]:
+            staged += f" (fetching: {','.join(w['fetching_on'])})"
     want = m["replicas"] if not m.get("autoscale") else f"{m['replicas']} ({m['autoscale']['min']}-{m['autoscale']['max']})"
     return [m["name"], m["engine"], f"{m['nodes']}x{m['gpus_per_node']}", m.get("revision", "-"), want,
-            counts.get("ready", 0), m.get("ready_current", "-"), counts.get("pending", 0), notes]
+            counts.get("ready", 0), m.get("ready_current", "-"), counts.get("staging", 0), counts.get("pending", 0),
+            staged, notes]
 
 
 def _models(args) -> int:
+    weights = {w["model"]: w for w in api_call("GET", "/api/v1/weights/")["models"]}
     return print_listing(args, api_call("GET", "/api/v1/models/"),
-                         ["model", "engine", "shape", "rev", "want", "ready", "on-rev", "pending", "notes"], _model_row)
+                         ["model", "engine", "shape", "rev", "want", "ready", "on-rev", "staging", "pending",
+                          "weights on", "notes"],
+                         lambda m: _model_row(m, weights))
+
+
+def _stage(args) -> int:
+    body = {"nodes": args.nodes or [], "fabric": args.fabric or ""}
+    result = api_call("POST", f"/api/v1/models/{args.model}/stage/", json=body)
+    print(f"{result['model']}: weights staging on {', '.join(result['nodes'])}")
+    return 0
 
 
 def _replica_row(r: dict) -> list[object]:

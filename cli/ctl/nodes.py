@@ -20,12 +20,28 @@ def register(ctl_sub) -> None:
     fabrics.set_defaults(func=_fabrics)
 
 
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f}G"
+
+
+def _cached(entry: dict | None) -> tuple[str, str]:
+    """A node's weights cache for the listing: free space, and what it holds."""
+    if entry is None:
+        return "-", "-"
+    held = [f"{m['model']}@{m['revision'][:12]}" + ("" if m["complete"] else
+                                                     f" ({100 * m['bytes'] // max(1, m['total'])}%)")
+            for m in entry["models"]]
+    return _gb(entry["free_bytes"]), ",".join(held) or "none"
+
+
 def _nodes(args) -> int:
+    caches = {c["node"]: c for c in api_call("GET", "/api/v1/weights/")["nodes"]}
     return print_listing(
         args, api_call("GET", "/api/v1/nodes/"),
-        ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "notes"],
+        ["node", "state", "fabrics", "gpus", "heartbeat", "replicas", "cache", "weights", "notes"],
         lambda n: [n["name"], n["status"], ",".join(n["fabrics"]) or "-", len(n["gpus"]),
-                   age(n["heartbeat_age_seconds"]), n["replicas"], "; ".join(n["discovery_errors"])],
+                   age(n["heartbeat_age_seconds"]), n["replicas"], *_cached(caches.get(n["name"])),
+                   "; ".join(n["discovery_errors"])],
     )
 
 

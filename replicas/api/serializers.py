@@ -46,10 +46,21 @@ class ModelSerializer(serializers.ModelSerializer):
     pending_reasons = serializers.SerializerMethodField()
     ready_current = serializers.SerializerMethodField()
 
+    weights_revision = serializers.SerializerMethodField(
+        help_text="what the source resolved to when the catalog was applied (a commit, a manifest's revision); "
+        "empty when the weights are not managed")
+    weights_bytes = serializers.SerializerMethodField(help_text="the resolved manifest's total size")
+
     class Meta:
         model = CatalogEntry
-        fields = [*ENTRY_FIELDS, "revision", "ready_current",
+        fields = [*ENTRY_FIELDS, "revision", "ready_current", "weights_revision", "weights_bytes",
                   "never_fits_reason", "removing", "replica_counts", "pending_reasons", "created_at", "updated_at"]
+
+    def get_weights_revision(self, model) -> str:
+        return (model.manifest or {}).get("revision", "")
+
+    def get_weights_bytes(self, model) -> int:
+        return int((model.manifest or {}).get("total_bytes", 0))
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
@@ -117,6 +128,12 @@ class ScaleSerializer(StrictInput, serializers.Serializer):
         if "replicas" not in data and not bounds:
             raise serializers.ValidationError("give replicas (a fixed model) or min/max (an autoscaled model)")
         return data
+
+
+class StageSerializer(StrictInput, serializers.Serializer):
+    nodes = serializers.ListField(child=serializers.CharField(max_length=63), required=False, default=list,
+                                  max_length=10000)
+    fabric = serializers.CharField(max_length=64, required=False, default="", allow_blank=True)
 
 
 class CatalogApplySerializer(StrictInput, serializers.Serializer):

@@ -9,9 +9,10 @@ from rest_framework.views import APIView
 from accounts.actors import actor
 from core.strict import no_body
 
-from .. import catalog, drain, rollout, selectors
+from .. import catalog, drain, rollout, selectors, weights_spares
 from .serializers import (
     CatalogApplySerializer,
+    StageSerializer,
     DrainCreateSerializer,
     DrainSerializer,
     ModelSerializer,
@@ -42,6 +43,7 @@ class ModelViewSet(viewsets.ModelViewSet):
         "rollout_pause": ("replicas.change_catalogentry",),
         "rollout_resume": ("replicas.change_catalogentry",),
         "rollout_undo": ("replicas.change_catalogentry",),
+        "stage": ("replicas.change_catalogentry",),
     }
 
     def get_queryset(self):
@@ -131,6 +133,29 @@ class ModelViewSet(viewsets.ModelViewSet):
         """Back to the previous revision (a new revision number), rolled out like any change. 409 if there is none."""
         rollout.rollout_undo(name=name, actor=actor(request))
         return self._rollout(name)
+    @extend_schema(request=StageSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def stage(self, request, name=None):
+        """Stage the model's weights on nodes (or every ready node of a fabric) ahead of need."""
+        serializer = StageSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            nodes = weights_spares.weights_stage(model=name, nodes=serializer.validated_data["nodes"],
+                                                 fabric=serializer.validated_data["fabric"] or None,
+                                                 actor=actor(request))
+        except weights_spares.StageRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response({"model": name, "nodes": nodes})
+
+
+class WeightsView(APIView):
+    """Every node's weights cache and where every managed model is staged."""
+
+    permission_model = "replicas.catalogentry"
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(weights_spares.weights_overview())
 
 
 class CatalogApplyView(APIView):

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from agent.protocol import WEIGHTS_PATH_ARG
+
 from . import flags
 from .base import EngineAdapter, LaunchInput
 from .errors import EngineArgsError
@@ -68,6 +70,7 @@ class SimAdapter(EngineAdapter):
         "--port": "ports are allocated per node by the scheduler",
         "--model": "it is the catalog entry's name",
         "--fabric": "it is the replica's fabric",
+        "--weights": "it is the local path of the catalog entry's managed weights",
     }
     emitted = frozenset(managed)
     _table: flags.OptionTable | None = None
@@ -110,6 +113,10 @@ class SimAdapter(EngineAdapter):
         argv += ["--model", inp.model]
         if inp.fabric:
             argv += ["--fabric", inp.fabric]
+        if inp.weights == WEIGHTS_PATH_ARG:
+            # Managed weights: the agent puts in their local path, and the
+            # sim engine refuses to start without them.
+            argv += ["--weights", inp.weights]
         return argv
 
 

@@ -8,5 +8,6 @@ class Migration(migrations.Migration):
         ("replicas", "0005_scale21_autoscale"),
         ("replicas", "0005_churn27_failed_quiesced"),
         ("replicas", "0005_roll26_revisions_rollouts"),
+        ("replicas", "0005_weights22_source_cache"),
     ]
     operations = []

@@ -21,11 +21,26 @@ from replicas.revisions import replica_launch
 
 from ..catalog_preview import catalog_parse, catalog_preview, field_errors
 from ..cluster import replica_colour
+from replicas.weights_spares import weights_overview
+
 from .access import actor, back, operation, viewer
 
 logger = logging.getLogger(__name__)
 
 UPLOAD_MAX = 1024 * 1024
+
+
+def staging_text(staging: dict) -> str:
+    """A staging replica's progress in a line: percent, bytes, rate, time left."""
+    total = staging.get("total") or 0
+    done = staging.get("bytes") or 0
+    text = f"weights {100 * done // total if total else 0}% ({done / 1e9:.2f} of {total / 1e9:.2f} GB"
+    if staging.get("rate"):
+        text += f", {staging['rate'] / 1e6:.1f} MB/s"
+    if staging.get("eta") is not None:
+        text += f", about {staging['eta']:.0f}s left"
+    errors = [f"{n}: {e['error']}" for n, e in sorted((staging.get("nodes") or {}).items()) if e.get("error")]
+    return text + ")" + ("; " + "; ".join(errors) if errors else "")
 
 
 def _models_context() -> dict:
@@ -36,13 +51,16 @@ def _models_context() -> dict:
     reasons = dict(Replica.objects.filter(status=ReplicaStatus.PENDING).exclude(pending_reason="")
                    .order_by("model_id", "-id").values_list("model_id", "pending_reason"))
     models = []
+    weights = {w["model"]: w for w in weights_overview()["models"]}
     for model in CatalogEntry.objects.all():
         c = counts.get(model.pk, {})
         models.append({
             "model": model, "ready": c.get(ReplicaStatus.READY, 0),
             "ready_current": rollout.replicas_by_revision(model)["ready_current"], "pending": c.get(ReplicaStatus.PENDING, 0),
-            "starting": c.get(ReplicaStatus.SCHEDULED, 0) + c.get(ReplicaStatus.STARTING, 0),
+            "starting": c.get(ReplicaStatus.SCHEDULED, 0) + c.get(ReplicaStatus.STAGING, 0)
+            + c.get(ReplicaStatus.STARTING, 0),
             "reason": model.never_fits_reason or reasons.get(model.pk, ""),
+            "weights": weights.get(model.name),
         })
     replicas = list(
         Replica.objects.exclude(status=ReplicaStatus.STOPPED).select_related("model", "fabric", "revision")
@@ -50,6 +68,7 @@ def _models_context() -> dict:
     )
     for replica in replicas:
         replica.colour = replica_colour(replica.pk)
+        replica.staging_text = staging_text(replica.staging) if replica.status == ReplicaStatus.STAGING else ""
     return {"models": models, "replicas": replicas}
 
 
@@ -75,7 +94,8 @@ def replica_page(request, replica_id: int):
     history = Event.objects.filter(subject=f"replica/{replica.pk}").order_by("-created_at", "-id")[:100]
     return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history,
                                                "engine": _engine_reading(replica.pk),
-                                               "launch": replica_launch(replica)})
+                                               "launch": replica_launch(replica),
+                                               "staging_text": staging_text(replica.staging) if replica.staging else ""})
 
 
 def _engine_reading(replica_id: int) -> dict | None:
