@@ -25,7 +25,7 @@ from typing import Any
 
 from .models import CatalogEntry, ModelRevision, Replica
 
-LAUNCH_FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "args", "env")
+LAUNCH_FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "args", "env", "source")
 # Revisions kept per model besides those a replica still runs (kubectl's revisionHistoryLimit).
 HISTORY = 10
 
@@ -35,8 +35,10 @@ def launch_fields(model: CatalogEntry) -> dict[str, Any]:
 
 
 def revision_digest(spec: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps({f: spec.get(f) for f in LAUNCH_FIELDS}, sort_keys=True,
-                                     separators=(",", ":")).encode()).hexdigest()
+    # A weights source (replicas.weights) counts only when there is one, so
+    # that revisions recorded before sources existed keep their digests.
+    fields = {f: spec.get(f) for f in LAUNCH_FIELDS if f != "source" or spec.get(f)}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
