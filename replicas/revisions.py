@@ -54,6 +54,9 @@ class Launch:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     revision: int = 0
+    # The entry's resolved weights (replicas.weights; {}: not managed). The
+    # source is in the revision; what it resolved to is the entry's.
+    manifest: dict = field(default_factory=dict)
 
 
 def replica_launch(replica: Replica) -> Launch:
@@ -62,7 +65,8 @@ def replica_launch(replica: Replica) -> Launch:
     spec = revision.spec if revision is not None else launch_fields(model)
     return Launch(name=model.name, engine=spec["engine"], weights=spec["weights"], nodes=spec["nodes"],
                   gpus_per_node=spec["gpus_per_node"], args=list(spec.get("args") or []),
-                  env=dict(spec.get("env") or {}), revision=revision.number if revision is not None else 0)
+                  env=dict(spec.get("env") or {}), revision=revision.number if revision is not None else 0,
+                  manifest=model.manifest or {})
 
 
 def revision_current(model: CatalogEntry) -> ModelRevision:
