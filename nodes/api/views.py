@@ -46,6 +46,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=None, responses=GpuSerializer)
     @action(detail=True, methods=["post"], url_path=r"gpus/(?P<index>[0-9]{1,4})/clear")
+    @no_body
     def gpu_clear(self, request, name=None, index=None):
         """Put a quarantined GPU back in service (operators; an Event names who)."""
         gpu = gpus.gpu_clear(node_name=name, index=int(index), actor=actor(request))

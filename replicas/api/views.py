@@ -115,6 +115,7 @@ class ModelViewSet(viewsets.ModelViewSet):
 
     @extend_schema(request=None, responses=RolloutStatusSerializer)
     @action(detail=True, methods=["post"], url_path="rollout/pause")
+    @no_body
     def rollout_pause(self, request, name=None):
         """Hold the running rollout: no new replacement starts (those under way finish). 409 if none runs."""
         rollout.rollout_pause(name=name, actor=actor(request))
@@ -122,6 +123,7 @@ class ModelViewSet(viewsets.ModelViewSet):
 
     @extend_schema(request=None, responses=RolloutStatusSerializer)
     @action(detail=True, methods=["post"], url_path="rollout/resume")
+    @no_body
     def rollout_resume(self, request, name=None):
         """Carry on a paused rollout, or try a failed one again. 409 if there is none."""
         rollout.rollout_resume(name=name, actor=actor(request))
@@ -129,6 +131,7 @@ class ModelViewSet(viewsets.ModelViewSet):
 
     @extend_schema(request=None, responses=RolloutStatusSerializer)
     @action(detail=True, methods=["post"], url_path="rollout/undo")
+    @no_body
     def rollout_undo(self, request, name=None):
         """Back to the previous revision (a new revision number), rolled out like any change. 409 if there is none."""
         rollout.rollout_undo(name=name, actor=actor(request))

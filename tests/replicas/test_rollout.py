@@ -134,10 +134,11 @@ def test_no_spare_capacity_keeps_at_most_max_unavailable_down():
 
 def test_a_broken_revision_stops_after_the_bound_and_the_old_replicas_serve(spare):
     old = {r.pk for r in _ready()}
-    # A value the sim engine's parser refuses at start (status 2); the catalog may refuse unknown flags.
-    catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "slow"]}])
+    # A launch the catalog accepts and the engine refuses at start (status 2,
+    # as for weights that are not there): the agents' reports are this test's.
+    catalog_apply(entries=[{**ENTRY, "args": ["--prefill-overhead", "0.0421"]}])
     for _ in range(12):
-        _settle(broken="slow")
+        _settle(broken="0.0421")
     failed = Rollout.objects.get()
     assert failed.status == RolloutStatus.FAILED, failed.log
     assert "failed before becoming ready" in failed.status_reason
@@ -145,7 +146,7 @@ def test_a_broken_revision_stops_after_the_bound_and_the_old_replicas_serve(spar
     assert {r.pk for r in _ready()} == old
     assert not Replica.objects.filter(model__name="llama", draining=True).exclude(status=ReplicaStatus.STOPPED).exists()
     # Nothing more of the broken revision is tried; a lost replica is rebuilt as the old revision.
-    _settle(3, broken="slow")
+    _settle(3, broken="0.0421")
     assert {r.pk for r in _ready()} == old
     # Undo: back to revision 1's launch, as revision 3; nothing to replace.
     model, again = rollout.rollout_undo(name="llama", actor="ops")
