@@ -269,7 +269,7 @@ class SimHandler(BaseHTTPRequestHandler):
 
 # How often a request that waits (in the queue, for its first token) looks
 # whether its client is still there.
-CLIENT_CHECK = 0.25
+CLIENT_CHECK = 1.0
 # A non-streamed answer sleeps through its decode steps in slices of about
 # this long, reading the running count (and so the step's length) again
 # before each: a hundred wake-ups for a thousand tokens, not a thousand.
