@@ -152,9 +152,10 @@ def test_a_models_replicas_are_spread_again_after_drains_and_scale_downs(sim_clu
         status__in=[ReplicaStatus.STOPPED, ReplicaStatus.STOPPING]).exists()
     for name in ("node02", "node03", "node04"):
         node_uncordon(node_name=name)
+    # Spread again, and the moved original gone (it stops once its replacement is ready).
     wait_until(lambda: len(set(_ready_nodes("small"))) == 2 and not Replica.objects.filter(
-        model__name="small", status=ReplicaStatus.STOPPING).exists(), timeout=90,
-        message="small spread again")
+        model__name="small", status__in=[ReplicaStatus.READY, ReplicaStatus.STOPPING], draining=True).exists(),
+        timeout=90, message="small spread again")
     nodes = _ready_nodes("small")
     assert "node01" in nodes and {n for n in nodes if n != "node01"} <= {"node03", "node04"}, nodes
     moved = Event.objects.filter(kind="replica.status", message__contains="to spread the model")
