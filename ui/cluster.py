@@ -151,13 +151,22 @@ def _gpu_warnings() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     return warnings_of, claimed_by
 
 
+def busy_text(fifth: int) -> str:
+    """A utilisation fifth (0-4, the cell's class u0-u4) as a title says it."""
+    return "80–100% busy" if fifth >= 4 else f"{fifth * 20}–{fifth * 20 + 19}% busy"
+
+
 def _marked_cell(index: int, held: tuple[int, str] | None, missing_since, claimants: list[str] | None,
-                 health: tuple[str, str] | None = None, shade: str = "") -> str:
+                 health: tuple[str, str] | None = None, fifth: int | None = None) -> str:
     """A GPU that is missing, claimed by another node, quarantined or
-    degraded: marked, and its title says so."""
+    degraded: marked, and its title says so (and how busy it is, if known).
+    ``cluster.js`` renders the same from the live data."""
     colour = "free" if held is None else replica_colour(held[0])
     title = f"GPU {index}: " + ("free" if held is None else f"{held[1]} #{held[0]}")
-    classes = "gpu " + colour + shade
+    classes = "gpu " + colour
+    if fifth is not None:
+        classes += f" u{fifth}"
+        title += f", {busy_text(fifth)}"
     if missing_since is not None:
         classes += " missing"
         title += f"; missing since {_clock(missing_since)}"
@@ -199,8 +208,10 @@ class NodeRow:
     draining: bool
     other_fabrics: list[str]
     warnings: list[str]
-    # (index, (replica id, model) or None, missing since or None, claimants or None), by index.
-    gpus: list[tuple[int, tuple[int, str] | None, dt.datetime | None, list[str] | None]]
+    # (index, (replica id, model) or None, missing since or None, claimants or None,
+    #  utilisation fifth 0-4 or None (no fresh reading), ("quarantined" | "degraded", reason) or None), by index.
+    gpus: list[tuple[int, tuple[int, str] | None, dt.datetime | None, list[str] | None, int | None,
+                     tuple[str, str] | None]]
 
 
 @dataclass
@@ -234,14 +245,22 @@ def grid_rows(filters: Filters = Filters()) -> GridRows:
     warnings_of, claimed_by = _gpu_warnings()
     gpus_of: dict[int, list] = {}
     legend: dict[int, str] = {}
-    gpus = Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index", "missing_since")
-    for gpu_id, node_id, index, missing_since in gpus:
+    readings = gpu_readings()
+    name_of = {row["id"]: row["name"] for row in node_rows}
+    gpus = Gpu.objects.order_by("node_id", "index").values_list(
+        "id", "node_id", "index", "missing_since", "quarantine_reason", "quarantined_at")
+    for gpu_id, node_id, index, missing_since, quarantine_reason, quarantined_at in gpus:
         held = holder.get(gpu_id)
+        util, health, reason = readings.get((name_of.get(node_id), index), (None, "", ""))
+        # Shaded by utilisation (u0-u4, fifths), marked when not healthy (nodes.gpu_health).
+        fifth = None if util is None else max(0, min(4, int(util) // 20))
+        mark = ("quarantined", quarantine_reason or "") if quarantined_at is not None else \
+            ("degraded", reason or "") if health == "degraded" else None
         if held is not None:
             legend.setdefault(held[0], held[1])
         if missing_since is not None:
             warnings_of.setdefault(node_id, []).append(f"GPU {index} missing since {_clock(missing_since)}")
-        gpus_of.setdefault(node_id, []).append((index, held, missing_since, claimed_by.get(gpu_id)))
+        gpus_of.setdefault(node_id, []).append((index, held, missing_since, claimed_by.get(gpu_id), fifth, mark))
 
     columns: dict[str, tuple[FabricColumn, list[NodeRow]]] = {}
     totals = {status: 0 for status in NodeStatus.values}
@@ -291,9 +310,13 @@ def cluster_grid(filters: Filters = Filters(), *, legend_max: int = 40) -> Clust
     for column, nodes in rows.columns:
         for node in nodes:
             cells = []
-            for index, held, missing_since, claimants in node.gpus:
-                if missing_since is not None or claimants:
-                    cell = _marked_cell(index, held, missing_since, claimants)
+            for index, held, missing_since, claimants, fifth, mark in node.gpus:
+                if missing_since is not None or claimants or mark is not None:
+                    cell = _marked_cell(index, held, missing_since, claimants, mark, fifth)
+                elif fifth is not None:  # shaded: the title says how busy
+                    colour, label = ("free", f"GPU {index}: free") if held is None else \
+                        (replica_colour(held[0]), f"{escape(held[1])} #{held[0]}, GPU {index}")
+                    cell = f'<span class="gpu {colour} u{fifth}" title="{label}, {busy_text(fifth)}"></span>'
                 elif held is None:
                     cell = f'<span class="gpu free" title="GPU {index}: free"></span>'
                 else:

@@ -16,6 +16,7 @@ from tests.conftest import REPO
 from tests.ui.browser import accessibility_problems, login
 from tests.ui.conftest import PASSWORD
 from tests.ui.test_browser import page, seeded  # noqa: F401 - fixtures
+from tests.ui.test_gpu_pages import _under_load
 
 LIMIT = 100 * 1024
 
@@ -29,6 +30,9 @@ def test_the_live_data_carries_the_grid(admin_client_ui, small_cluster):
     Gpu.objects.filter(node__name="node04", index=7).update(missing_since=timezone.now())
     GpuConflict.objects.create(claimant=Node.objects.get(name="island01"),
                                gpu=Gpu.objects.get(node__name="node02", index=6))
+    # A reason is data: the token's separators in it are escaped.
+    Gpu.objects.filter(node__name="node03", index=2).update(quarantined_at=timezone.now(),
+                                                             quarantine_reason="ECC ~ 3, row|remap 100%")
     response = admin_client_ui.get("/cluster/grid.json")
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     data = response.json()
@@ -46,6 +50,8 @@ def test_the_live_data_carries_the_grid(admin_client_ui, small_cluster):
     assert lines["node04"].split("|")[4].split(",")[7].startswith(tuple(["~m", *data["replicas"]]))
     assert "~m" in lines["node04"] and "~cisland01" in lines["node02"]
     assert "GPU 6 also claimed by island01" in data["extra"]["node02"]["w"]
+    assert lines["node03"].split("|")[4].split(",")[2].endswith("~qECC %7E 3%2C row%7Cremap 100%25")
+    assert lines["node03"].count("|") == 4  # no fresh readings: no utilisation column
     # Filters apply as to the HTML partial.
     only_b = admin_client_ui.get("/cluster/grid.json", {"fabric": "ib-b"}).json()
     assert [f["name"] for f in only_b["fabrics"]] == ["ib-b"]
@@ -94,17 +100,40 @@ def _normal(html: str) -> str:
 @pytest.mark.django_db(transaction=True)
 def test_after_a_live_update_the_page_reads_as_the_server_rendered_it(seeded, superuser, web_factory,  # noqa: F811
                                                                       page):  # noqa: F811
-    """Missing GPUs, claims in conflict, discovery errors, a collapsed fabric
-    and a filter: the script's rendering is the server's, node for node."""
-    from nodes.models import Node
+    """Missing GPUs, claims in conflict, discovery errors, GPUs shaded by
+    utilisation (and one node with readings for half its GPUs), quarantined
+    and degraded GPUs with their reasons, a collapsed fabric and a filter: the
+    script's rendering is the server's, node for node."""
+    from django.utils import timezone
 
+    from nodes import telemetry
+    from nodes.models import Gpu, Node
+
+    telemetry.store.cache_clear()
+    telemetry.forget_cache()
+    for name in ("node01", "node02", "node03", "island01"):  # node02 GPU 3 degraded, node03 GPU 0 quarantined
+        _under_load(name)
+    block = telemetry.store().latest("island01")["island01"]  # readings for GPUs 0-3 only
+    block["gpus"] = block["gpus"][:4]
+    telemetry.store().put("island01", json.dumps(block), None)
+    telemetry.forget_cache()
+    Gpu.objects.filter(node__name="node01", index=5).update(quarantined_at=timezone.now(),
+                                                             quarantine_reason="ECC ~ 3, row|remap 100%")
     web = web_factory()
     login(page, web.url, "root", PASSWORD)
     for path in ("/", "/?collapse=ib-b", "/?state=ready&name=node"):
         page.goto(f"{web.url}{path}")
         served = page.inner_html("#grid")
+        if path == "/":
+            for mark in (" u0", " u4", "quarantined", "degraded", "% busy", "ECC ~ 3, row|remap 100%",
+                         "Xid 79", "thermal throttling"):
+                assert mark in served, mark
         assert page.evaluate("window.llmgwCluster.refresh()") is True
         assert _normal(page.inner_html("#grid")) == _normal(served), path
+        if path == "/":  # island01's column: four fifths, then four "-" (no reading)
+            shaded = page.evaluate("Array.from(document.querySelectorAll('[data-node=\"island01\"] .gpu'))"
+                                   ".map(function (e) { return /\\bu[0-4]\\b/.test(e.className); })")
+            assert shaded == [True] * 4 + [False] * 4
     page.goto(f"{web.url}/")
     assert page.evaluate("window.llmgwCluster.refresh()") is True
     assert not accessibility_problems(page)
@@ -114,3 +143,7 @@ def test_after_a_live_update_the_page_reads_as_the_server_rendered_it(seeded, su
     page.goto(f"{web.url}/")
     assert _normal(updated) == _normal(page.inner_html("#grid"))
     assert json.loads(page.evaluate("JSON.stringify(document.querySelectorAll('#grid .gpu').length)")) == 40
+    for name in ("node01", "node02", "node03", "island01"):  # no readings left for the next test
+        telemetry.store().forget(name)
+    telemetry.store.cache_clear()
+

@@ -15,6 +15,7 @@
   }
 
   // One GPU's token: "<replica id, base 36>~<letter><value>...": see ui/cluster_live.py.
+  // Letters: m missing since, c claimants (joined by +), q quarantined, d degraded (with the reason).
   function parseGpu(token) {
     var parts = token.split("~");
     var gpu = {replica: parts[0] === "" ? null : parseInt(parts[0], 36), attrs: {}};
@@ -24,11 +25,26 @@
     return gpu;
   }
 
+  // "0".."4": the GPU's utilisation in fifths (class u0..u4); "-" or nothing: no fresh reading.
+  function busyText(fifth) {
+    return fifth >= 4 ? "80\u2013100% busy" : (fifth * 20) + "\u2013" + (fifth * 20 + 19) + "% busy";
+  }
+
+  // As ui/cluster.py renders a cell (cluster_grid's loop and _marked_cell).
   function gpuCell(data, index, gpu) {
     var model = gpu.replica === null ? null : data.models[data.replicas[gpu.replica.toString(36)]];
     var colour = gpu.replica === null ? "free" : "r" + (gpu.replica % PALETTE);
     var missing = gpu.attrs.m, claimants = gpu.attrs.c;
-    if (missing === undefined && claimants === undefined) {
+    var health = gpu.attrs.q !== undefined ? ["quarantined", gpu.attrs.q] :
+      gpu.attrs.d !== undefined ? ["degraded", gpu.attrs.d] : null;
+    var util = gpu.columns[0];
+    var fifth = util !== undefined && util >= "0" && util <= "4" ? parseInt(util, 10) : null;
+    if (missing === undefined && claimants === undefined && health === null) {
+      if (fifth !== null) {
+        return '<span class="gpu ' + colour + " u" + fifth + '" title="' +
+          esc((gpu.replica === null ? "GPU " + index + ": free" : model + " #" + gpu.replica + ", GPU " + index) +
+              ", " + busyText(fifth)) + '"></span>';
+      }
       if (gpu.replica === null) {
         return '<span class="gpu free" title="GPU ' + index + ': free"></span>';
       }
@@ -36,6 +52,10 @@
     }
     var classes = "gpu " + colour;
     var title = "GPU " + index + ": " + (gpu.replica === null ? "free" : model + " #" + gpu.replica);
+    if (fifth !== null) {
+      classes += " u" + fifth;
+      title += ", " + busyText(fifth);
+    }
     if (missing !== undefined) {
       classes += " missing";
       title += "; missing since " + missing;
@@ -43,6 +63,10 @@
     if (claimants !== undefined) {
       classes += " conflict";
       title += "; also claimed by " + claimants.split("+").join(", ");
+    }
+    if (health !== null) {
+      classes += " " + health[0];
+      title += "; " + health[0] + ": " + decodeURIComponent(health[1]);
     }
     return '<span class="' + classes + '" title="' + esc(title) + '"></span>';
   }
