@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PLACED = frozenset({"scheduled", "starting", "ready"})
+PLACED = frozenset({"scheduled", "staging", "starting", "ready"})  # replicas.choices.PLACED, as strings
 WANTED = frozenset({"pending", *PLACED})
 
 
