@@ -44,6 +44,9 @@ from .sim_model import DEFAULT_NUM_GPU_BLOCKS, SimParams
 logger = logging.getLogger("llmgw.sim")
 
 EXIT_STOPPED, EXIT_BROKEN, EXIT_REFUSED, EXIT_TIMEOUT = 0, 1, 2, 3
+# What vLLM's VLLM_ATTENTION_BACKEND accepts (a few of them); the sim checks
+# the value at start, as vLLM does, and uses none of them.
+ATTENTION_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "TORCH_SDPA", "FLEX_ATTENTION", "XFORMERS")
 PING_EVERY = 1.0
 
 
@@ -348,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda s, _f: _exit(EXIT_STOPPED, f"stopped by {signal.Signals(s).name}"))
+    backend = os.environ.get("VLLM_ATTENTION_BACKEND")
+    if backend is not None and backend not in ATTENTION_BACKENDS:
+        # As vLLM does at start: an environment the control plane cannot judge
+        # (any value of an allowed variable) that the engine refuses.
+        _exit(EXIT_REFUSED, f"Invalid attention backend: {backend!r}. Valid backends are: "
+                            f"{', '.join(ATTENTION_BACKENDS)}")
     if args.weights and not _weights_present(args.weights):
         # Nothing pretends: a real engine cannot load weights that are not there.
         _exit(EXIT_REFUSED, f"no model weights at {args.weights}: refusing to start")

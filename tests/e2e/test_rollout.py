@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 MODEL = "small"
 NEW_ARGS = ["--token-delay", "0.005"]
-BROKEN_ARGS = ["--token-delay", "slow"]
+# A launch the catalog accepts (any value of an allowed variable) and the
+# engine refuses at start, as vLLM does an unknown attention backend.
+BROKEN_ENV = {"VLLM_ATTENTION_BACKEND": "NO_SUCH_BACKEND"}
 AGENT = {"supervisor.restart_backoff": "200ms", "supervisor.restart_backoff_max": "1s"}
 
 
@@ -142,17 +144,18 @@ def test_a_broken_revision_stops_after_the_bound_with_the_old_replicas_serving(s
     old = set(Replica.objects.filter(status=ReplicaStatus.READY).values_list("pk", flat=True))
     with Traffic(web.url, threads=2) as traffic:
         traffic.wait_served(5, what="before the change")
-        catalog_apply(entries=[{**entry, "args": BROKEN_ARGS}])
+        catalog_apply(entries=[{**entry, "env": BROKEN_ENV}])
         failed = _rollout_ends(RolloutStatus.FAILED, timeout=120)
         traffic.wait_served(10, after=time.monotonic(), what="after the rollout failed")
     assert traffic.failures() == []
     assert "2 replica(s) of the new revision failed before becoming ready" in failed.status_reason
-    assert "invalid float value: 'slow'" in failed.status_reason, failed.status_reason
+    assert "Invalid attention backend: 'NO_SUCH_BACKEND'" in failed.status_reason, failed.status_reason
     assert "failed at start 2 times (exited with status 2)" in failed.status_reason
     assert set(Replica.objects.filter(status=ReplicaStatus.READY).values_list("pk", flat=True)) == old
     time.sleep(3)  # nothing more of the broken revision is tried
     assert not Replica.objects.filter(revision__number=2).exclude(status=ReplicaStatus.STOPPED).exists()
-    assert all("slow" not in argv for argv in _ready_argvs())
+    assert not Member.objects.filter(replica__model__name=MODEL, replica__status=ReplicaStatus.READY,
+                                     env__has_key="VLLM_ATTENTION_BACKEND").exists()
 
 
 def test_a_multi_node_model_rolls_within_its_fabric(sim_cluster, web_factory):
