@@ -53,14 +53,23 @@ def usage_of(data: bytes) -> tuple[int, int]:
 
 
 class Attempt:
-    """One request's trip through the gateway, for the metrics and the key's usage."""
+    """One request's trip through the gateway, for the metrics, the key's usage and its limits."""
 
-    __slots__ = ("gw", "key", "model", "endpoint", "started")
+    __slots__ = ("gw", "key", "model", "endpoint", "started", "ticket", "used")
 
-    def __init__(self, gw: Gateway, key, model: str, endpoint: str, started: float) -> None:
+    def __init__(self, gw: Gateway, key, model: str, endpoint: str, started: float, ticket=None) -> None:
         self.gw, self.key, self.model, self.endpoint, self.started = gw, key, model, endpoint, started
+        # The limiter's reservation (gateway.limits.Ticket), settled here once; None: the key has no limits.
+        self.ticket = ticket
+        self.used = (0, 0)  # (prompt, completion) tokens as the engine reported them
 
     def done(self, route: Route | None, code: int, kind: str | None = None) -> None:
+        ticket = self.ticket
+        if ticket is not None and not ticket.settled:
+            ticket.settled = True
+            self.gw.limiter.settle(ticket, self.used[0] + self.used[1])
+        if route is not None and self.key is not None:
+            self.gw.count_hour(self.key, self.model, *self.used)
         metrics = self.gw.metrics
         replica = route.label if route is not None else ""
         metrics.request(self.model, replica, self.endpoint, code)
@@ -144,7 +153,8 @@ async def _whole(attempt: Attempt, route: Route, response: aiohttp.ClientRespons
             response.close()
     status = response.status
     if status == 200:
-        attempt.gw.count(attempt.key, *usage_of(body), request=0)
+        attempt.used = usage_of(body)
+        attempt.gw.count(attempt.key, *attempt.used, request=0)
     attempt.done(route, status, ErrorKind.UPSTREAM_ERROR if status >= 500 else None)
     return json_response(body, status=status, content_type=response.headers.get("Content-Type", "application/json"),
                          headers={"X-Llmgw-Replica": route.label})
@@ -196,6 +206,7 @@ async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientRespons
         else:
             response.close()  # the engine sees the connection go and stops generating
         gw.count(attempt.key, prompt, completion, request=0)
+        attempt.used = (prompt, completion)
         attempt.done(route, code, kind)
 
 

@@ -3,6 +3,7 @@ the cluster figures of /metrics."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 import json
@@ -23,7 +24,8 @@ from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
 from . import engineload, inflight
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY
 from .autoscale_metrics import autoscale_gauges
-from .models import ApiKey
+from .limits import Limits, limits_of
+from .models import ApiKey, KeyUsage
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ class KeyRow:
     name: str
     secret_hash: str
     allowed_models: frozenset[str] | None  # None: every model
+    limits: Limits | None = None
+    expires_at: float | None = None  # unix seconds
+    priority: str = "standard"
 
 
 @dataclass(frozen=True)
@@ -97,23 +102,25 @@ def routing_snapshot() -> RoutingSnapshot:
             continue
         routes.append(RouteRow(replica_id=replica_id, model=model, base_url=base_url))
         catalog.setdefault(model, int(created.timestamp()))
-    keys = [
-        KeyRow(id=pk, name=name, secret_hash=digest, allowed_models=frozenset(allowed) if allowed else None)
-        for pk, name, digest, allowed in ApiKey.objects.filter(revoked_at__isnull=True).values_list(
-            "id", "name", "secret_hash", "allowed_models"
-        )
-    ]
+    keys = [_key_row(values) for values in ApiKey.objects.filter(revoked_at__isnull=True).values_list(*_KEY_FIELDS)]
     return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies)
 
 
 def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:
     """A live key by the hash of its secret (a key made since the routing table was loaded)."""
-    row = (ApiKey.objects.filter(secret_hash=secret_hash, revoked_at__isnull=True)
-           .values_list("id", "name", "allowed_models").first())
-    if row is None:
-        return None
-    pk, name, allowed = row
-    return KeyRow(id=pk, name=name, secret_hash=secret_hash, allowed_models=frozenset(allowed) if allowed else None)
+    row = ApiKey.objects.filter(secret_hash=secret_hash, revoked_at__isnull=True).values_list(*_KEY_FIELDS).first()
+    return None if row is None else _key_row(row)
+
+
+_KEY_FIELDS = ("id", "name", "secret_hash", "allowed_models", "rpm", "tpm", "max_concurrent", "daily_tokens",
+               "monthly_tokens", "expires_at", "priority")
+
+
+def _key_row(values) -> KeyRow:
+    pk, name, digest, allowed, rpm, tpm, concurrent, daily, monthly, expires, priority = values
+    return KeyRow(id=pk, name=name, secret_hash=digest, allowed_models=frozenset(allowed) if allowed else None,
+                  limits=limits_of(rpm, tpm, concurrent, daily, monthly),
+                  expires_at=expires.timestamp() if expires else None, priority=priority)
 
 
 def replica_inflight(replica_id: int) -> int:
@@ -162,6 +169,22 @@ def gateway_processes() -> list[inflight.ProcessRecord]:
 
 def key_list():
     return ApiKey.objects.all()
+
+
+USAGE_HOURS_MAX = 93 * 24
+
+
+def key_usage(*, key: str | None = None, model: str | None = None, hours: int = 24) -> list[dict[str, Any]]:
+    """Hourly usage rows of the last ``hours`` hours (the current one included), oldest first."""
+    now = time.time()
+    since = dt.datetime.fromtimestamp((int(now // 3600) - hours + 1) * 3600, tz=dt.timezone.utc)
+    rows = KeyUsage.objects.filter(hour__gte=since)
+    if key:
+        rows = rows.filter(key__name=key)
+    if model:
+        rows = rows.filter(model=model)
+    return list(rows.order_by("hour", "key__name", "model").values(
+        "key__name", "model", "hour", "requests", "prompt_tokens", "completion_tokens"))
 
 
 def _gpu_states(status: str, allocated: int, total: int) -> tuple[int, int, int]:

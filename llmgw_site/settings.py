@@ -401,6 +401,9 @@ LLMGW_METRICS_TOKEN = env.str("LLMGW_METRICS_TOKEN", default="")
 if env.str("LLMGW_METRICS_TOKEN_FILE", default=""):
     LLMGW_METRICS_TOKEN = Path(env.str("LLMGW_METRICS_TOKEN_FILE")).read_text().strip()
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
+# Tokens a request with limits reserves for its completion when it does not say max_tokens (gateway/limits.py);
+# settled to what the engine reports when the answer ends.
+LLMGW_LIMITS_COMPLETION_ESTIMATE = env.int("LLMGW_LIMITS_COMPLETION_ESTIMATE", default=256)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
 # Engine load: each web process reads its replicas' /metrics every this many
