@@ -36,6 +36,7 @@ from .limits import LocalLimiter, RedisLimiter
 from .load_report import LoadReport
 from .routing import CACHE_AWARE, Key, RoutingTable, key_of
 from .scoring import Knobs
+from .timeouts import Timeouts
 from .services import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Gateway:
         self.usage: dict[int, list[int]] = {}
         # (key id, model, unix hour) -> [requests, prompt tokens, completion tokens] as engines reported them
         self.usage_hours: dict[tuple[int, str, int], list[int]] = {}
+        self._model_timeouts: dict[str, dict] = {}
+        self._timeouts: dict[str, Timeouts] = {}
         self.limiter = RedisLimiter(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL else LocalLimiter()
         self.session: aiohttp.ClientSession | None = None
         self.started = False
@@ -344,9 +347,19 @@ class Gateway:
 
     def _apply(self, snapshot: selectors.RoutingSnapshot) -> None:
         self.table.apply(snapshot)
+        if snapshot.timeouts != self._model_timeouts:
+            self._model_timeouts = dict(snapshot.timeouts)
+            self._timeouts = {}
         hashed = frozenset(m for m, p in self.table.policies.items() if p == CACHE_AWARE)
         self.hashing = Hashing(hashed, settings.LLMGW_ROUTING_BLOCK_CHARS,
                                settings.LLMGW_ROUTING_MAX_BLOCKS) if hashed else None
+
+    def timeouts(self, model: str) -> Timeouts:
+        """The model's timeouts: its catalog entry's over the settings' defaults (made once per table load)."""
+        found = self._timeouts.get(model)
+        if found is None:
+            found = self._timeouts[model] = Timeouts.of(self._model_timeouts.get(model))
+        return found
 
     # --- engine load ----------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ class RoutingSnapshot:
     keys: list[KeyRow]
     # model name -> routing policy (replicas.choices.RoutingPolicy); absent: least-outstanding
     policies: dict[str, str] = field(default_factory=dict)
+    # model name -> its catalog 'timeouts' (gateway/timeouts.py), for the models that set any
+    timeouts: dict[str, dict] = field(default_factory=dict)
 
 
 def routing_version() -> tuple:
@@ -77,10 +79,12 @@ def routing_version() -> tuple:
 
 def routing_snapshot() -> RoutingSnapshot:
     """The catalog, the leader address of every ready replica, and the live keys."""
-    catalog, policies = {}, {}
-    for name, created, routing, removing in CatalogEntry.objects.values_list(
-            "name", "created_at", "routing", "removing"):
+    catalog, policies, timeouts = {}, {}, {}
+    for name, created, routing, removing, model_timeouts in CatalogEntry.objects.values_list(
+            "name", "created_at", "routing", "removing", "timeouts"):
         policies[name] = routing  # a model being removed still routes to its last replicas as it did
+        if model_timeouts:
+            timeouts[name] = model_timeouts
         if not removing:
             catalog[name] = int(created.timestamp())
     routes = []
@@ -103,7 +107,7 @@ def routing_snapshot() -> RoutingSnapshot:
         routes.append(RouteRow(replica_id=replica_id, model=model, base_url=base_url))
         catalog.setdefault(model, int(created.timestamp()))
     keys = [_key_row(values) for values in ApiKey.objects.filter(revoked_at__isnull=True).values_list(*_KEY_FIELDS)]
-    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies)
+    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies, timeouts=timeouts)
 
 
 def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:

@@ -387,6 +387,10 @@ LLMGW_GATEWAY_OPEN = env.bool("LLMGW_GATEWAY_OPEN", default=False)
 LLMGW_GATEWAY_CONNECT_TIMEOUT = env.float("LLMGW_GATEWAY_CONNECT_TIMEOUT", default=5.0)
 # Longest silence from an engine (before its headers, or between two chunks).
 LLMGW_GATEWAY_READ_TIMEOUT = env.float("LLMGW_GATEWAY_READ_TIMEOUT", default=600.0)
+# Per-model defaults of the gateway's timeouts (gateway/timeouts.py; a model's catalog 'timeouts:' overrides):
+# to a streamed answer's first chunk, and of the whole exchange (0: none, so long generations are never cut).
+LLMGW_GATEWAY_TTFT_TIMEOUT = env.float("LLMGW_GATEWAY_TTFT_TIMEOUT", default=600.0)
+LLMGW_GATEWAY_TOTAL_TIMEOUT = env.float("LLMGW_GATEWAY_TOTAL_TIMEOUT", default=0.0)
 # How often each gateway process checks the routing table and publishes its in-flight counts.
 LLMGW_GATEWAY_SYNC_INTERVAL = env.float("LLMGW_GATEWAY_SYNC_INTERVAL", default=0.2)
 LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=32 * 1024 * 1024)

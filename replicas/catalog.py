@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 # model_scale_bounds's arguments are the policy's names.
 min_, max_ = min, max
 
-FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale")
+FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale", "timeouts")
 
 
 class CatalogInvalid(ValueError):

@@ -35,6 +35,9 @@ class CatalogEntry(models.Model):
     autoscale = models.JSONField(null=True, blank=True, default=None)
     # When the autoscaler last changed ``replicas`` (its cooldown runs from here).
     autoscaled_at = models.DateTimeField(null=True, blank=True)
+    # The gateway's timeouts for this model (gateway/timeouts.py): connect, ttft, idle, total in
+    # seconds; null or absent: the settings' defaults.
+    timeouts = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

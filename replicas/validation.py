@@ -22,7 +22,8 @@ from .autoscaling.policy import MAX_REPLICAS, PolicyFields
 from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
-ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale"]
+ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale",
+                "timeouts"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -55,6 +56,19 @@ def admin_only_problems(entry: dict[str, Any]) -> list[str]:
 
 
 
+class TimeoutFields(serializers.Serializer):
+    """A model's gateway timeouts in seconds (docs/gateway.md#timeouts-and-retries); absent or null: the
+    default setting; 0: none."""
+
+    connect = serializers.FloatField(min_value=0, max_value=3600, required=False, allow_null=True)
+    ttft = serializers.FloatField(min_value=0, max_value=86400, required=False, allow_null=True)
+    idle = serializers.FloatField(min_value=0, max_value=86400, required=False, allow_null=True)
+    total = serializers.FloatField(min_value=0, max_value=7 * 86400, required=False, allow_null=True)
+
+    def to_internal_value(self, data):
+        return {k: v for k, v in super().to_internal_value(data).items() if v is not None} or None
+
+
 class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     """The shape of a catalog entry, field by field, then ``engine_problems``.
     A key it does not declare is refused by name (``core.strict``), at any
@@ -72,6 +86,7 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
     # null (or absent): a fixed replica count; a mapping: the autoscaling policy.
     autoscale = PolicyFields(required=False, allow_null=True, default=None)
+    timeouts = TimeoutFields(required=False, allow_null=True, default=None)
 
     class Meta:
         model = CatalogEntry
