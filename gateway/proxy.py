@@ -73,6 +73,9 @@ class Attempt:
             self.gw.limiter.settle(ticket, self.used[0] + self.used[1])
         if route is not None and self.key is not None:
             self.gw.count_hour(self.key, self.model, *self.used)
+        queue = self.gw.queue
+        if queue.models:
+            queue.dispatch(self.gw, self.model)  # a slot came free: the next waiter (gateway/queue.py)
         metrics = self.gw.metrics
         replica = route.label if route is not None else ""
         metrics.request(self.model, replica, self.endpoint, code)

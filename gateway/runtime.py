@@ -35,6 +35,7 @@ from .hold import Holds
 from .limits import LocalLimiter, RedisLimiter
 from .load_report import LoadReport
 from .routing import CACHE_AWARE, Key, RoutingTable, key_of
+from .queue import GatewayQueue, QueueSettings
 from .scoring import Knobs
 from .timeouts import Timeouts
 from .services import KEY_PREFIX
@@ -84,6 +85,9 @@ class Gateway:
         self.usage: dict[int, list[int]] = {}
         # (key id, model, unix hour) -> [requests, prompt tokens, completion tokens] as engines reported them
         self.usage_hours: dict[tuple[int, str, int], list[int]] = {}
+        self.queue = GatewayQueue(QueueSettings(
+            most=settings.LLMGW_GATEWAY_QUEUE_MAX, wait=settings.LLMGW_GATEWAY_QUEUE_WAIT,
+            engine_queue=settings.LLMGW_GATEWAY_ENGINE_QUEUE, batch_headroom=settings.LLMGW_GATEWAY_BATCH_HEADROOM))
         self._model_timeouts: dict[str, dict] = {}
         self._timeouts: dict[str, Timeouts] = {}
         self.limiter = RedisLimiter(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL else LocalLimiter()
@@ -347,6 +351,7 @@ class Gateway:
 
     def _apply(self, snapshot: selectors.RoutingSnapshot) -> None:
         self.table.apply(snapshot)
+        self.queue.capacity = dict(snapshot.batch_limits)
         if snapshot.timeouts != self._model_timeouts:
             self._model_timeouts = dict(snapshot.timeouts)
             self._timeouts = {}

@@ -26,6 +26,7 @@ from .engineload import REDIS_KEY as ENGINE_READINGS_KEY
 from .autoscale_metrics import autoscale_gauges
 from .limits import Limits, limits_of
 from .models import ApiKey, KeyUsage
+from .queue import batch_limit
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class RoutingSnapshot:
     policies: dict[str, str] = field(default_factory=dict)
     # model name -> its catalog 'timeouts' (gateway/timeouts.py), for the models that set any
     timeouts: dict[str, dict] = field(default_factory=dict)
+    # model name -> each replica's batch limit, from its catalog args (gateway/queue.py)
+    batch_limits: dict[str, int] = field(default_factory=dict)
 
 
 def routing_version() -> tuple:
@@ -79,12 +82,13 @@ def routing_version() -> tuple:
 
 def routing_snapshot() -> RoutingSnapshot:
     """The catalog, the leader address of every ready replica, and the live keys."""
-    catalog, policies, timeouts = {}, {}, {}
-    for name, created, routing, removing, model_timeouts in CatalogEntry.objects.values_list(
-            "name", "created_at", "routing", "removing", "timeouts"):
+    catalog, policies, timeouts, batch_limits = {}, {}, {}, {}
+    for name, created, routing, removing, model_timeouts, args in CatalogEntry.objects.values_list(
+            "name", "created_at", "routing", "removing", "timeouts", "args"):
         policies[name] = routing  # a model being removed still routes to its last replicas as it did
         if model_timeouts:
             timeouts[name] = model_timeouts
+        batch_limits[name] = batch_limit(args)
         if not removing:
             catalog[name] = int(created.timestamp())
     routes = []
@@ -107,7 +111,8 @@ def routing_snapshot() -> RoutingSnapshot:
         routes.append(RouteRow(replica_id=replica_id, model=model, base_url=base_url))
         catalog.setdefault(model, int(created.timestamp()))
     keys = [_key_row(values) for values in ApiKey.objects.filter(revoked_at__isnull=True).values_list(*_KEY_FIELDS)]
-    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies, timeouts=timeouts)
+    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies, timeouts=timeouts,
+                           batch_limits=batch_limits)
 
 
 def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:

@@ -15,9 +15,10 @@ from django.http import HttpRequest, HttpResponse
 
 from . import limits as limits_module
 from . import metrics as metrics_module
-from .choices import ErrorKind
+from .choices import ErrorKind, Priority
 from .errors import json_response, openai_error
 from .limits import Ticket, estimate_tokens
+from .queue import Refusal as QueueRefusal
 from .proxy import Attempt, encode, forward
 from .prefix import session_hash
 from .routing import NO_HINTS, SESSION, Hints, Key
@@ -188,6 +189,17 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         if not verdict.admitted:
             return _limited(gw, endpoint, model, key, verdict)
         ticket = Ticket(verdict)
+    try:
+        # Every ready replica at capacity: wait here, in priority order (gateway/queue.py).
+        await gw.queue.enter(gw, model, key.id if key is not None else 0,
+                             key.priority if key is not None else Priority.STANDARD)
+    except QueueRefusal as refusal:
+        _give_back(gw, ticket)
+        return _refuse(gw, endpoint, model, refusal.status, refusal.message, refusal.kind,
+                       headers={"Retry-After": str(refusal.retry_after), **(verdict.headers() if verdict else {})})
+    except BaseException:
+        _give_back(gw, ticket)
+        raise
     attempt = Attempt(gw, key, model, endpoint, started, ticket)
     hints = NO_HINTS
     if checked.blocks:
@@ -207,6 +219,13 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         for name, value in verdict.headers().items():
             response[name] = value
     return response
+
+
+def _give_back(gw: Gateway, ticket: Ticket | None) -> None:
+    """A reservation whose request never reached an engine: nothing used."""
+    if ticket is not None and not ticket.settled:
+        ticket.settled = True
+        gw.limiter.settle(ticket, 0)
 
 
 def _limited(gw: Gateway, endpoint: str, model: str, key: Key, verdict) -> HttpResponse:

@@ -408,6 +408,13 @@ LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Tokens a request with limits reserves for its completion when it does not say max_tokens (gateway/limits.py);
 # settled to what the engine reports when the answer ends.
 LLMGW_LIMITS_COMPLETION_ESTIMATE = env.int("LLMGW_LIMITS_COMPLETION_ESTIMATE", default=256)
+# The gateway's queue for a model whose every replica is at capacity (gateway/queue.py): most waiting per
+# model and process (then 429), longest wait (then 503), the engine queue allowed beyond its batch limit, and
+# the share of a replica's capacity batch keys leave to interactive and standard ones.
+LLMGW_GATEWAY_QUEUE_MAX = env.int("LLMGW_GATEWAY_QUEUE_MAX", default=1000)
+LLMGW_GATEWAY_QUEUE_WAIT = env.float("LLMGW_GATEWAY_QUEUE_WAIT", default=60.0)
+LLMGW_GATEWAY_ENGINE_QUEUE = env.int("LLMGW_GATEWAY_ENGINE_QUEUE", default=0)
+LLMGW_GATEWAY_BATCH_HEADROOM = env.float("LLMGW_GATEWAY_BATCH_HEADROOM", default=0.1)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
 # Engine load: each web process reads its replicas' /metrics every this many
