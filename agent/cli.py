@@ -159,9 +159,56 @@ def sim_main(argv: list[str]) -> int:
     kit.add_argument("--certs", help="directory holding ca.pem, NODE.pem, NODE-key.pem (default --dir)")
     kit.add_argument("--heartbeat-interval", default="5s")
     kit.add_argument("--mgmt-interface", default="lo")
+    kit.add_argument("--telemetry-interval", default="10s", help="how often its fake NVML is read")
+    fault = sub.add_parser("gpu-fault", help="inject a fault into a simulated node's fake NVML (docs/gpus.md)")
+    fault.add_argument("--dir", required=True, help="the node's kit directory (node-kit --dir)")
+    fault.add_argument("--gpu", type=int, required=True, help="the GPU's index")
+    what = fault.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, help="raise this Xid through the event API (79 also loses the GPU)")
+    what.add_argument("--ecc-uncorrected", type=int, help="add this many uncorrectable ECC errors")
+    what.add_argument("--ecc-corrected", type=int, help="add this many corrected ECC errors")
+    what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
+    what.add_argument("--nvml-error", help="every NVML read of this GPU fails with this message")
+    what.add_argument("--temp", type=int, help="hold the GPU at this temperature (°C; 90 and above throttles)")
+    what.add_argument("--reset", action="store_true", help="a GPU reset: back on the bus, errors and ECC counts gone")
     sub.add_parser("engine", help="the simulated engine (llmgw sim engine --help)")
     args = parser.parse_args(argv)
+    if args.command == "gpu-fault":
+        return _gpu_fault(args)
     return _node_kit(args)
+
+
+def gpu_fault_of(args) -> dict:
+    fault = {"gpu": args.gpu}
+    for key, value in (("xid", args.xid), ("ecc_uncorrected", args.ecc_uncorrected),
+                       ("ecc_corrected", args.ecc_corrected), ("nvml_error", args.nvml_error),
+                       ("temp_c", args.temp)):
+        if value is not None:
+            fault[key] = value
+    if args.lost:
+        fault["lost"] = True
+    if args.reset:
+        fault["reset"] = True
+    return fault
+
+
+def _gpu_fault(args) -> int:
+    from .nvml_fake import GPUS_FILE, inject_fault
+
+    directory = Path(args.dir)
+    try:
+        gpus = json.loads((directory / GPUS_FILE).read_text())["gpus"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"llmgw sim gpu-fault: {directory} is not a simulated node's kit ({GPUS_FILE}: {exc}); "
+              "give the directory 'llmgw sim node-kit --dir' wrote", file=sys.stderr)
+        return 2
+    if not 0 <= args.gpu < len(gpus):
+        print(f"llmgw sim gpu-fault: --gpu {args.gpu}: this node has GPUs 0-{len(gpus) - 1}", file=sys.stderr)
+        return 2
+    fault = gpu_fault_of(args)
+    inject_fault(directory, fault)
+    print(f"GPU {args.gpu} of the simulated node in {directory}: {', '.join(f'{k}={v}' for k, v in fault.items() if k != 'gpu')}")
+    return 0
 
 
 def _node_kit(args) -> int:
@@ -172,6 +219,7 @@ def _node_kit(args) -> int:
             node_id=args.node, directory=Path(args.dir), gpus=args.gpus, fabric_specs=args.fabric,
             addr=args.addr, server=args.server, certs=Path(args.certs) if args.certs else None,
             heartbeat_interval=args.heartbeat_interval, mgmt_interface=args.mgmt_interface,
+            telemetry_interval=args.telemetry_interval,
         )
     except KitError as exc:
         print(f"llmgw sim node-kit: {exc}", file=sys.stderr)

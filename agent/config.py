@@ -74,6 +74,17 @@ class SupervisorConfig:
     engine_user: str = ""  # empty: engines run as the agent (agent.engine_user)
 
 
+TELEMETRY_SOURCES = ("auto", "nvml", "nvidia-smi", "sim", "off")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    # auto: NVML where nvidia-ml-py and the driver answer, else nvidia-smi's query.
+    source: str = "auto"
+    interval: float = 10.0
+    sim_dir: Path | None = None  # source sim: the simulated node's fake NVML (agent.nvml_fake)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     node_id: str
@@ -87,6 +98,7 @@ class AgentConfig:
     fabrics: tuple[FabricConfig, ...] = ()
     discovery: DiscoveryConfig = DiscoveryConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     def fabric_of(self, hca: str) -> str | None:
         for fabric in self.fabrics:
@@ -97,8 +109,9 @@ class AgentConfig:
 
 TOP_KEYS = (
     "node_id", "server", "tls", "mgmt_addr", "mgmt_interface", "heartbeat_interval",
-    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor", "engine_user",
+    "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor", "engine_user", "telemetry",
 )
+TELEMETRY_KEYS = ("source", "interval", "sim_dir")
 TLS_KEYS = ("ca", "cert", "key")
 FABRIC_KEYS = ("name", "hcas")
 DISCOVERY_KEYS = ("nvidia_smi", "ib_root", "prefer_nvml", "skip_gpus")
@@ -236,6 +249,7 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
     elif problem := engine_user_problem(engine_user, as_root=os.geteuid() == 0):
         r.error("engine_user", problem)
     supervisor = dataclasses.replace(supervisor, engine_user=engine_user)
+    telemetry = _read_telemetry(r, top.get("telemetry"))
     fabrics = _read_fabrics(r, top.get("fabrics"), discovery.ib_root)
 
     if r.errors:
@@ -252,7 +266,27 @@ def parse_config(data: Any, *, base_dir: Path, source: str = "agent.yaml") -> Ag
         fabrics=fabrics,
         discovery=discovery,
         supervisor=supervisor,
+        telemetry=telemetry,
     )
+
+
+def _read_telemetry(r: _Reader, value: Any) -> TelemetryConfig:
+    data = r.mapping(value, "telemetry", TELEMETRY_KEYS)
+    source = r.string(data, "source", "telemetry.source", default="auto")
+    if source not in TELEMETRY_SOURCES:
+        r.error("telemetry.source", f"{source!r} is not one of {', '.join(TELEMETRY_SOURCES)}")
+        source = "auto"
+    interval = r.duration(data, "interval", "telemetry.interval", 10.0)
+    if interval < 1.0:
+        r.error("telemetry.interval", "must be at least 1s (NVML's own sampling is slower than that)")
+        interval = 10.0
+    sim_text = r.string(data, "sim_dir", "telemetry.sim_dir", default="")
+    sim_dir = r.path(sim_text) if sim_text else None
+    if source == "sim" and sim_dir is None:
+        r.error("telemetry.sim_dir", "source: sim needs sim_dir, the simulated node's directory (llmgw sim node-kit)")
+    elif sim_dir is not None and not sim_dir.is_dir():
+        r.error("telemetry.sim_dir", f"{sim_dir} is not a directory")
+    return TelemetryConfig(source=source, interval=interval, sim_dir=sim_dir)
 
 
 def _read_tls(r: _Reader, value: Any) -> TlsConfig:

@@ -252,6 +252,44 @@ class EngineState:
     log_tail: list[str] = field(default_factory=list)
 
 
+# Where a telemetry block's readings came from: NVML, nvidia-smi's query
+# (NVML absent: fewer fields, no Xid events), or a simulated node's fake NVML.
+TELEMETRY_SOURCES = ("nvml", "nvidia-smi", "sim")
+
+
+@dataclass
+class GpuReading:
+    """One GPU's readings in a telemetry block. None: not read (the source
+    cannot tell, or the GPU does not support it), never a made-up zero."""
+
+    index: int
+    uuid: str = ""
+    util: int | None = None  # GPU utilisation, percent
+    mem_util: int | None = None  # memory controller utilisation, percent
+    mem_used_mib: int | None = None
+    mem_total_mib: int | None = None
+    temp_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    ecc_corrected: int | None = None  # volatile counts (since the driver loaded)
+    ecc_uncorrected: int | None = None
+    pending_retirement: bool | None = None  # retired pages or remapped rows waiting for a reset
+    thermal_throttle: bool | None = None
+    xids: list[int] = field(default_factory=list)  # Xid events since the last block the control plane took
+    last_xid: int | None = None
+    lost: bool = False  # NVML_ERROR_GPU_IS_LOST: fallen off the bus
+    error: str = ""  # what NVML said when reading this GPU failed
+
+
+@dataclass
+class Telemetry:
+    """The compact block a heartbeat carries at most every telemetry interval."""
+
+    source: str  # one of TELEMETRY_SOURCES
+    gpus: list[GpuReading] = field(default_factory=list)
+    note: str = ""  # why the preferred source is not used (said once in the log, here every time)
+
+
 @dataclass
 class Heartbeat:
     agent_version: str
@@ -264,6 +302,7 @@ class Heartbeat:
     engines: list[EngineState] = field(default_factory=list)
     desired_version: int = 0  # the version of desired state the agent holds
     protocol: int = PROTOCOL_VERSION
+    telemetry: Telemetry | None = None  # GPU readings, at most every telemetry interval
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -313,6 +352,21 @@ class HeartbeatReply:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HeartbeatReply":
         return from_dict(cls, data)
+
+
+def example_telemetry(*, gpus: int = 8, node_id: str = "node-1") -> Telemetry:
+    """A realistic telemetry block of a busy 8-GPU node, for tests and benchmarks."""
+    return Telemetry(
+        source="nvml",
+        gpus=[
+            GpuReading(
+                index=i, uuid=f"GPU-3b6d8f0c-2a1e-5c4b-9e7d-0f1a2b3c4d{i:02x}", util=87 - i, mem_util=41,
+                mem_used_mib=120_000 + i, mem_total_mib=143771, temp_c=61 + i, power_w=612.5, power_limit_w=700.0,
+                ecc_corrected=0, ecc_uncorrected=0, pending_retirement=False, thermal_throttle=False,
+            )
+            for i in range(gpus)
+        ],
+    )
 
 
 def example_heartbeat(*, gpus: int = 8, fabric: str | None = "ib-a") -> Heartbeat:

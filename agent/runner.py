@@ -29,7 +29,8 @@ from .client import (
 from .config import AgentConfig, certificate_expired
 from .discovery import Inventory, discover
 from .identity import IdentityError, renewal_due
-from .protocol import DesiredState, FabricMembership, Heartbeat
+from .nvml import TelemetryReader
+from .protocol import DesiredState, FabricMembership, Heartbeat, Telemetry
 from .supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,12 @@ class Agent:
         self.connected = threading.Event()
         self.stopping = threading.Event()
         self._sent = _Sent()
+        # The newest telemetry block not yet taken by the control plane; an
+        # Xid (or a GPU gone) is read and sent at once, not at the next interval.
+        self._telemetry: Telemetry | None = None
+        self._telemetry_lock = threading.Lock()
+        self.read_telemetry_now = threading.Event()
+        self.telemetry = TelemetryReader(config, on_xid=self.read_telemetry_now.set)
         self._log_inventory()
 
     def _log_inventory(self) -> None:
@@ -165,13 +172,14 @@ class Agent:
         if adopted:
             names = ", ".join(f"{e.name}(pid {e.pid})" for e in adopted)
             logger.info("adopted %d running engine(s): %s", len(adopted), names)
-        for loop in (self._heartbeat_loop, self._long_poll_loop, self._discovery_loop):
+        for loop in (self._heartbeat_loop, self._long_poll_loop, self._discovery_loop, self._telemetry_loop):
             name = loop.__name__.strip("_").removesuffix("_loop")
             threading.Thread(target=self._keep_running, args=(loop,), name=name, daemon=True).start()
         try:
             self._keep_running(self._supervise_loop)
         finally:
             self.supervisor.close()
+            self.telemetry.close()
             self.client.close()
             logger.info("agent stopped; engines left running for the next agent to adopt")
 
@@ -222,6 +230,7 @@ class Agent:
             discovery_errors=list(inv.errors),
             engines=self.supervisor.report(with_logs=with_logs),
             desired_version=self.desired.version,
+            telemetry=self._telemetry,
         )
         return heartbeat, snapshot
 
@@ -266,6 +275,7 @@ class Agent:
             self.link.up()
             backoff.reset()
             self._sent.engines = snapshot
+            self._telemetry_taken(heartbeat.telemetry)
             self.connected.set()
             # Never slower than the control plane expects (it declares a
             # silent node lost by its own interval), never slower than
@@ -333,6 +343,30 @@ class Agent:
             backoff.reset()
             self.desired.offer(desired, asked_with=asked_with)
             self.stopping.wait(0.01)
+
+    # --- telemetry --------------------------------------------------------------------------
+
+    def _telemetry_loop(self) -> None:
+        interval = self.config.telemetry.interval
+        while not self.stopping.is_set():
+            block = self.telemetry.read()
+            if block is None:
+                return
+            with self._telemetry_lock:
+                # Xids of a block never sent stay pending in the reader and come again in this one.
+                self._telemetry = block
+            if any(g.xids or g.lost or g.error for g in block.gpus):
+                self.report_now.set()
+            self.read_telemetry_now.wait(interval)
+            self.read_telemetry_now.clear()
+
+    def _telemetry_taken(self, block: Telemetry | None) -> None:
+        if block is None:
+            return
+        self.telemetry.sent(block)
+        with self._telemetry_lock:
+            if self._telemetry is block:
+                self._telemetry = None
 
     # --- discovery ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from .durations import BadDuration, format_duration, parse_duration
+from .nvml_fake import write_gpus
 from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE
 
 GPU_NAME = "NVIDIA H200"
@@ -128,6 +129,8 @@ def agent_config(
     fabrics: list[KitFabric],
     heartbeat_interval: str,
     mgmt_interface: str,
+    sim_dir: Path | None = None,
+    telemetry_interval: str = "10s",
 ) -> dict[str, Any]:
     """The agent.yaml of a simulated node, as data."""
     return {
@@ -156,6 +159,12 @@ def agent_config(
             "stop_timeout": "30s",
             "health_interval": "2s",
         },
+        # The GPUs' readings come from the node's fake NVML (agent.nvml_fake),
+        # faults injected with 'llmgw sim gpu-fault'.
+        "telemetry": (
+            {"source": "sim", "interval": telemetry_interval, "sim_dir": str(sim_dir)}
+            if sim_dir else {"source": "off"}
+        ),
     }
 
 
@@ -183,6 +192,7 @@ def node_kit(
     certs: Path | None = None,
     heartbeat_interval: str = "5s",
     mgmt_interface: str = "lo",
+    telemetry_interval: str = "10s",
 ) -> dict[str, Path]:
     if not NODE_ID_RE.match(node_id):
         raise KitError(f"{node_id!r} is not a valid node id: lowercase letters, digits, '-' and '.'")
@@ -206,12 +216,18 @@ def node_kit(
         "certs": certs,
     }
     write_nvidia_smi(paths["nvidia_smi"], node_id, gpus)
+    write_gpus(directory, [
+        {"index": i, "uuid": gpu_uuid(node_id, i), "name": GPU_NAME, "memory_mib": GPU_MEMORY_MIB,
+         "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0"}
+        for i in range(gpus)
+    ])
     write_sysfs(paths["ib_root"], node_id, fabrics)
     paths["work_dir"].mkdir(exist_ok=True)
     text = agent_yaml(
         node_id=node_id, server=server, addr=addr, certs=certs, nvidia_smi=paths["nvidia_smi"],
         ib_root=paths["ib_root"], work_dir=paths["work_dir"], fabrics=fabrics,
         heartbeat_interval=heartbeat_interval, mgmt_interface=mgmt_interface,
+        sim_dir=directory, telemetry_interval=telemetry_interval,
     )
     tmp = paths["config"].with_suffix(".yaml.tmp")
     tmp.write_text(text)

@@ -7,16 +7,18 @@ from __future__ import annotations
 import sys
 
 
-def web_argv(*, host: str, port: int) -> list[str]:
+def web_argv(*, host: str, port: int, workers: int = 1) -> list[str]:
     """The web process (site, operator API, gateway).
 
     Lifespan events on: they start the gateway's routing table before the
     first /v1 request and write its last usage counts on the way out.
     The HTTP protocol bounds request heads before anything is authenticated
-    (web/protocol.py).
+    (web/protocol.py). With ``workers`` above one, uvicorn forks that many
+    processes on the one port and starts again any that dies.
     """
     return [sys.executable, "-m", "uvicorn", "llmgw_site.asgi:application", "--host", host, "--port", str(port),
-            "--no-access-log", "--lifespan", "on", "--http", "web.protocol:HttpProtocol"]
+            "--no-access-log", "--lifespan", "on", "--http", "web.protocol:HttpProtocol",
+            *(["--workers", str(workers)] if workers > 1 else [])]
 
 
 def worker_argv(*, concurrency: int, hostname: str) -> list[str]:

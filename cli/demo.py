@@ -6,6 +6,8 @@ Imported only once Django is set up (see ``cli/env.py``).
 
 from __future__ import annotations
 
+import json
+
 import sys
 from pathlib import Path
 
@@ -136,6 +138,14 @@ fails and comes back on ib-b, once the 1-GPU qwen-7b-sim replica in its way on n
 Bring node02 back (it registers again, empty):
   {llmgw} demo revive node02 --data-dir {data}
 
+A GPU fails: Xid 79 (fallen off the bus) on GPU 0 of node01, through its fake NVML's event API:
+  {llmgw} demo gpu-fail node01 0 --data-dir {data}
+Within a telemetry interval GPU 0 is quarantined (red on the cluster page, 'llmgw ctl gpus --node node01'),
+the replica on it fails and is rebuilt on GPUs in service; the Events name the Xid and what it means.
+After the 'repair' (a reset), an operator puts it back in service:
+  {llmgw} demo gpu-fail node01 0 --reset --data-dir {data}
+  {llmgw} ctl gpus clear node01 0
+
 Then try a drain: node03's replicas move to ib-a, one at a time, each replacement ready before its original stops:
   {llmgw} ctl drain node03 --wait
 
@@ -167,6 +177,35 @@ def kill_node(*, name: str, host: str = "127.0.0.1", agent_port: int = 7443) -> 
         return 1
     killed = cluster.kill_node(name)
     print(f"killed {name}: processes {', '.join(map(str, killed)) or 'none were running'}")
+    return 0
+
+
+def gpu_fail(*, name: str, index: int, reset: bool = False, xid: int = 79, host: str = "127.0.0.1",
+             agent_port: int = 7443) -> int:
+    """Xid ``xid`` (79: fallen off the bus) on a simulated node's GPU, or its reset."""
+    from agent.nvml_fake import GPUS_FILE, inject_fault
+
+    cluster = _sim_node(name, host=host, agent_port=agent_port)
+    if cluster is None:
+        return 1
+    node_dir = cluster.nodes[name].dir
+    try:
+        count = len(json.loads((node_dir / GPUS_FILE).read_text())["gpus"])
+    except (OSError, ValueError, KeyError):
+        print(f"llmgw: {name} has no fake NVML ({node_dir / GPUS_FILE}); was it made by an older llmgw?",
+              file=sys.stderr)
+        return 1
+    if not 0 <= index < count:
+        print(f"llmgw: {name} has GPUs 0-{count - 1}, not {index}", file=sys.stderr)
+        return 1
+    if reset:
+        inject_fault(node_dir, {"gpu": index, "reset": True})
+        print(f"GPU {index} of {name} was reset: back on the bus. It stays quarantined until an operator "
+              f"clears it: llmgw ctl gpus clear {name} {index}")
+        return 0
+    inject_fault(node_dir, {"gpu": index, "xid": xid})
+    print(f"GPU {index} of {name}: Xid {xid} raised through its NVML event API. Watch: llmgw ctl gpus --node {name}; "
+          "llmgw ctl events")
     return 0
 
 

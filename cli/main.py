@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--web-port", type=int, default=8000)
     up.add_argument("--agent-port", type=int, default=7443)
-    up.add_argument("--agent-workers", type=int, default=2)
+    up.add_argument("--agent-workers", type=_positive, default=2, help="agent API (gunicorn) worker processes")
+    up.add_argument("--web-workers", type=_positive, default=1, help="web (uvicorn) worker processes")
+    up.add_argument("--workers", type=_positive, default=1, help="Celery worker processes")
     up.set_defaults(func=_cmd_up)
 
     demo = sub.add_parser("demo", help="llmgw with a simulated four-node cluster, in the foreground")
@@ -53,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     revive = demo_sub.add_parser("revive", help="start a killed simulated node again (it comes back empty)")
     revive.add_argument("node")
     revive.add_argument("--data-dir", default=None)
+    gpu_fail = demo_sub.add_parser("gpu-fail", help="a GPU of a simulated node falls off the bus (Xid 79)")
+    gpu_fail.add_argument("node")
+    gpu_fail.add_argument("index", type=int)
+    gpu_fail.add_argument("--xid", type=int, default=79, help="the Xid to raise (default 79)")
+    gpu_fail.add_argument("--reset", action="store_true", help="reset the GPU instead (the repair)")
+    gpu_fail.add_argument("--data-dir", default=None)
     demo.set_defaults(func=_cmd_demo)
 
     add_ctl_parser(sub)
@@ -69,6 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes of 1 or more")
+    return value
+
+
 def _cmd_up(args) -> int:
     # Before anything is created: the database, its WAL, the broker's files,
     # every child's files, private from the start (cli/datadir.py).
@@ -79,7 +97,8 @@ def _cmd_up(args) -> int:
     from .up import run_up
 
     return run_up(
-        host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers
+        host=args.host, web_port=args.web_port, agent_port=args.agent_port, agent_workers=args.agent_workers,
+        web_workers=args.web_workers, workers=args.workers,
     )
 
 
@@ -96,4 +115,7 @@ def _cmd_demo(args) -> int:
         return demo.kill_node(name=args.node, host=args.host, agent_port=args.agent_port)
     if args.demo_command == "revive":
         return demo.revive_node(name=args.node, host=args.host, agent_port=args.agent_port)
+    if args.demo_command == "gpu-fail":
+        return demo.gpu_fail(name=args.node, index=args.index, reset=args.reset, xid=args.xid, host=args.host,
+                             agent_port=args.agent_port)
     return demo.run_demo(host=args.host, web_port=args.web_port, agent_port=args.agent_port)

@@ -108,3 +108,86 @@ class ProcessGroup:
             return name
         except KeyboardInterrupt:
             return None
+
+
+def exit_status(code: int | None) -> str:
+    if code is None:
+        return "an unknown status"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+class Supervisor:
+    """Keeps a ``ProcessGroup``'s children running, as systemd's
+    ``Restart=on-failure`` or supervisord would: a child that exits is
+    started again after a backoff (``backoff`` seconds, doubled for each death
+    in a row at start, at most ``backoff_max``) while the others keep
+    serving. A child that dies within ``start_window`` seconds of its start
+    ``give_up_after`` times in a row is not started again: ``run`` returns
+    its name and the caller stops everything. ``notify(name, message,
+    restarting)`` hears of every death (a log line, an Event)."""
+
+    def __init__(
+        self, group: ProcessGroup, commands: dict[str, list[str]], *,
+        notify: Callable[[str, str, bool], None] | None = None,
+        backoff: float = 1.0, backoff_max: float = 30.0, start_window: float = 20.0, give_up_after: int = 5,
+    ) -> None:
+        self.group = group
+        self.commands = commands
+        self.notify = notify or (lambda name, message, restarting: None)
+        self.backoff, self.backoff_max = backoff, backoff_max
+        self.start_window, self.give_up_after = start_window, give_up_after
+        self.started_at: dict[str, float] = {}
+        self.deaths_at_start: dict[str, int] = {}
+        self.restarts: dict[str, int] = {}
+        self.due: dict[str, float] = {}  # name -> when it is started again
+        self.given_up: str | None = None
+
+    def start(self, name: str) -> subprocess.Popen:
+        self.started_at[name] = time.monotonic()
+        return self.group.start(name, self.commands[name])
+
+    def start_all(self) -> None:
+        for name in self.commands:
+            self.start(name)
+
+    def check(self) -> str | None:
+        """One look: note the children that exited, start those whose
+        backoff is over. Returns the name of a child given up on."""
+        now = time.monotonic()
+        for name, proc in list(self.group.procs.items()):
+            if name in self.due or proc.poll() is None:
+                continue
+            ran = now - self.started_at[name]
+            at_start = ran < self.start_window
+            deaths = self.deaths_at_start.get(name, 0) + 1 if at_start else 0
+            self.deaths_at_start[name] = deaths
+            status = exit_status(proc.returncode)
+            if deaths >= self.give_up_after:
+                self.given_up = name
+                self.notify(name, f"{name} keeps dying at start ({deaths} times in a row, each within "
+                            f"{self.start_window:.0f}s of starting; last: {status}); giving up on it", False)
+                return name
+            delay = min(self.backoff * 2 ** max(deaths - 1, 0), self.backoff_max)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self.due[name] = now + delay
+            self.notify(name, f"{name} (pid {proc.pid}) exited with {status} after {ran:.1f}s; starting it again "
+                        f"in {delay:.0f}s (restart {self.restarts[name]})", True)
+        for name, due in list(self.due.items()):
+            if now >= due:
+                del self.due[name]
+                self.start(name)
+        return None
+
+    def run(self, *, interval: float = 0.3) -> str | None:
+        """Until Ctrl-C or SIGTERM (None) or until a child is given up on (its name)."""
+        try:
+            while (name := self.check()) is None:
+                time.sleep(interval)
+            return name
+        except KeyboardInterrupt:
+            return None

@@ -14,18 +14,24 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import DatabaseError, connections
 
 from accounts.services import token_create
+from core.choices import CoreEventKind, EventSeverity
+from core.events import event_record
 from agentapi.command import gunicorn_argv
 from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, pki_ensure_agent_listener
 
 from .commands import beat_argv, web_argv, worker_argv
 from .datadir import DataDirNotPrivate, data_dirs_make_private
 from .env import child_env, ensure_migrated
-from .processes import ProcessGroup, stopped_on_exit
+from .processes import ProcessGroup, Supervisor, stopped_on_exit
 
 
 ADMIN_PASSWORD_FILE = "admin-password"
+# Threads of each Celery worker process: each may hold a database connection.
+WORKER_THREADS = 8
+WORKER_THREADS_EMBEDDED = 4
 logger = logging.getLogger(__name__)
 
 
@@ -112,33 +118,57 @@ def exposure_warning(*, host: str, web_port: int) -> str | None:
     )
 
 
-def process_commands(*, host: str, web_port: int, agent_port: int, agent_workers: int) -> dict[str, list[str]]:
+def process_commands(
+    *, host: str, web_port: int, agent_port: int, agent_workers: int, web_workers: int = 1, workers: int = 1,
+) -> dict[str, list[str]]:
     pki = Path(settings.PKI_DIR)
     embedded = settings.CELERY_BROKER_URL.startswith("filesystem://")
-    return {
-        "web": web_argv(host=host, port=web_port),
+    commands = {
+        "web": web_argv(host=host, port=web_port, workers=web_workers),
         "agent-api": gunicorn_argv(
             host=host, port=agent_port, certfile=str(pki / SERVER_CERT), keyfile=str(pki / SERVER_KEY),
             cafile=str(pki / CA_CERT), workers=agent_workers,
         ),
-        "worker": worker_argv(concurrency=4 if embedded else 8, hostname=f"worker-{os.getpid()}@%h"),
-        "beat": beat_argv(schedule=settings.CELERY_BEAT_SCHEDULE_FILENAME),
     }
+    for n in range(1, workers + 1):
+        name = "worker" if workers == 1 else f"worker-{n}"
+        commands[name] = worker_argv(concurrency=WORKER_THREADS_EMBEDDED if embedded else WORKER_THREADS,
+                                     hostname=f"{name}-{os.getpid()}@%h")
+    commands["beat"] = beat_argv(schedule=settings.CELERY_BEAT_SCHEDULE_FILENAME)
+    return commands
 
 
-def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2) -> int:
+def child_event(name: str, message: str, restarting: bool) -> None:
+    """A child of ``llmgw up`` died: a log line always, an Event when the
+    database answers. ``llmgw up`` holds no connection between two of these."""
+    print(f"llmgw: {message}", file=sys.stderr, flush=True)
+    try:
+        event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"llmgw-up/{name}",
+                     severity=EventSeverity.WARNING if restarting else EventSeverity.ERROR,
+                     message=f"llmgw up: {message}", data={"process": name, "restarting": restarting})
+    except DatabaseError as exc:
+        logger.warning("no Event for %s's exit: the database did not answer (%s)", name, exc)
+    finally:
+        connections.close_all()
+
+
+def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2, web_workers: int = 1,
+           workers: int = 1) -> int:
     warning = exposure_warning(host=host, web_port=web_port)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     lines = first_run(host=host)
+    # Set-up is done: this process holds no database connection while it watches its children.
+    connections.close_all()
     for line in lines:
         print(line, flush=True)
     password_shown = any(line.startswith("created user") for line in lines)
-    commands = process_commands(host=host, web_port=web_port, agent_port=agent_port, agent_workers=agent_workers)
+    commands = process_commands(host=host, web_port=web_port, agent_port=agent_port, agent_workers=agent_workers,
+                                web_workers=web_workers, workers=workers)
     group = ProcessGroup(env=child_env(settings.DATA_DIR))
+    supervisor = Supervisor(group, commands, notify=child_event)
     with stopped_on_exit(group.stop_all):
-        for name, argv in commands.items():
-            group.start(name, argv)
+        supervisor.start_all()
         db = settings.DATABASES["default"]
         print(
             "\nllmgw is up\n"
@@ -148,14 +178,14 @@ def run_up(*, host: str, web_port: int, agent_port: int, agent_workers: int = 2)
             f"{settings.CELERY_BROKER_URL.split('://')[0]})\n"
             "  a node      llmgw ctl cert issue-client NODE --out DIR, then llmgw agent --config agent.yaml\n"
             + ("" if password_shown else _forgot_password_hint())
-            + "Ctrl-C stops everything.\n",
+            + "A process that exits is started again; Ctrl-C stops everything.\n",
             flush=True,
         )
-        exited = group.wait(interval=0.3)
-        if exited is None:
+        given_up = supervisor.run(interval=0.3)
+        if given_up is None:
             return 0
-        code = group.procs[exited].returncode
-        print(f"llmgw: {exited} exited with status {code}; stopping", file=sys.stderr, flush=True)
+        print(f"llmgw: stopping everything: {given_up} cannot be kept running (its output is above)",
+              file=sys.stderr, flush=True)
         return 1
 
 

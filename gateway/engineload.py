@@ -46,6 +46,7 @@ class EngineReading:
     prefix_queries: float | None = None  # tokens, since the engine started
     prefix_hits: float | None = None
     cache_tokens: int | None = None  # num_gpu_blocks x block_size
+    own_at_read: int = 0  # the reading gateway's requests in flight there when it answered
     at: float = 0.0  # wall clock
     stale_at: float = 0.0  # monotonic: routed on until then
     error: str = ""
@@ -146,6 +147,7 @@ class EngineScraper:
             results = await asyncio.gather(*(self._read(session, r) for r in batch))
             for route, reading in zip(batch, results):
                 reading.stale_at = time.monotonic() + stale_after
+                reading.own_at_read = route.inflight
                 route.engine = reading
                 readings[route.replica_id] = reading
                 LATEST[route.replica_id] = reading

@@ -155,6 +155,46 @@ class ClusterCollector:
         yield GaugeMetricFamily("llmgw_gpus_free", "GPUs not allocated, on nodes that are not lost, cluster-wide.",
                                 value=sum(f for _, f, _ in cluster["gpus"].values()))
         yield from autoscale_families(cluster.get("autoscale"))
+        yield from gpu_families(cluster.get("gpu_health", []))
+
+
+# Per-GPU gauges under DCGM exporter's names (so existing boards adapt), each
+# labelled node, index, uuid; a value a GPU did not report is left out, never 0.
+DCGM_GAUGES = (
+    ("DCGM_FI_DEV_GPU_UTIL", "util", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_USED", "mem_used_mib", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "fb_free", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_w", "Power draw (in W)."),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit_w", "Power management limit (in W)."),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_corrected", "Corrected (single-bit) ECC errors since the driver loaded."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_uncorrected",
+     "Uncorrectable (double-bit) ECC errors since the driver loaded."),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "pending_retirement", "Retired pages or remapped rows pending a reset (1)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "last_xid", "Value of the last Xid error the GPU reported."),
+)
+HEALTH_STATES = ("healthy", "degraded", "quarantined", "unknown")
+
+
+def gpu_families(rows: list[dict[str, Any]]):
+    """The per-GPU families, from ``nodes.selectors.gpu_health_list``'s rows."""
+    families = {name: GaugeMetricFamily(name, text, labels=("node", "index", "uuid")) for name, _, text in DCGM_GAUGES}
+    health = GaugeMetricFamily("llmgw_gpu_health", "Each GPU's health (1 for its state): quarantined GPUs take "
+                               "no work until an operator clears them.", labels=("node", "index", "uuid", "health"))
+    for row in rows:
+        labels = (row["node"], str(row["index"]), row["uuid"])
+        values = dict(row)
+        if row.get("mem_total_mib") is not None and row.get("mem_used_mib") is not None:
+            values["fb_free"] = row["mem_total_mib"] - row["mem_used_mib"]
+        for name, key, _ in DCGM_GAUGES:
+            value = values.get(key)
+            if value is not None:
+                families[name].add_metric(labels, float(value))
+        for state in HEALTH_STATES:
+            health.add_metric((*labels, state), 1.0 if row["health"] == state else 0.0)
+    yield from families.values()
+    yield health
 
 
 def _forget_dead_gauges() -> None:

@@ -193,11 +193,12 @@ class RoutingTable:
         for route in routes:
             reading = route.engine
             if reading is not None and reading.fresh:
-                running, waiting, kv = reading.running, reading.waiting, reading.kv_use
+                running, waiting, kv, own = reading.running, reading.waiting, reading.kv_use, reading.own_at_read
             else:
                 running = waiting = kv = None
+                own = 0
             candidates.append(scoring.Candidate(route.replica_id, route._inflight, running, waiting, kv,
-                                                matches.get(route.replica_id, 0), route.down_until > now))
+                                                matches.get(route.replica_id, 0), route.down_until > now, own))
         if cache:
             index, reason = scoring.cache_aware(candidates, len(hints.blocks), self.knobs)
         else:

@@ -50,15 +50,19 @@ class Candidate:
     kv_use: float | None = None
     matched: int = 0
     down: bool = False
+    # This gateway's requests in flight there when the engine was read.
+    own_at_read: int = 0
 
     @property
     def load(self) -> int:
-        """Requests on the replica: the engine's count when read (every
-        gateway's requests), this gateway's own when that is higher (sent
-        since the reading) or when the engine was not read."""
+        """Requests on the replica: this gateway's own now (exact, fresh),
+        plus the others' as the engine's last reading counted them (its
+        running + waiting less what this gateway had there then). A reading
+        is a second old: counting it whole would send every request to
+        whichever replica looked idle a second ago."""
         if self.running is None and self.waiting is None:
             return self.inflight
-        return max(self.inflight, (self.running or 0) + (self.waiting or 0))
+        return self.inflight + max(0, (self.running or 0) + (self.waiting or 0) - self.own_at_read)
 
 
 def overloaded(load: int, least: int, knobs: Knobs) -> bool:

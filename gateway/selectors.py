@@ -17,7 +17,7 @@ from django.db.models import Count
 from agent.protocol import http_url
 from nodes.choices import NodeStatus
 from nodes.models import Gpu, Node
-from nodes.selectors import age_seconds, node_last_seen
+from nodes.selectors import age_seconds, gpu_health_list, node_last_seen
 from replicas.choices import ReplicaStatus
 from replicas.models import CatalogEntry, GpuAllocation, Member, Replica
 
@@ -221,4 +221,6 @@ def cluster_gauges() -> dict[str, Any]:
         # (allocated, free, unavailable): a lost node's GPUs are not free, whatever it held.
         "gpus": {n.name: _gpu_states(n.status, allocated.get(n.name, 0), gpus.get(n.name, 0)) for n in nodes},
         "autoscale": autoscale_gauges(),
+        # Each GPU's health and latest readings (nodes.selectors.gpu_health_list).
+        "gpu_health": gpu_health_list(),
     }

@@ -1,8 +1,11 @@
 import os
 
-from django.core.asgi import get_asgi_application
-
+# The web process: Django runs each request in a thread of its own, so its
+# connections come from a bounded pool (settings.LLMGW_DB_POOL_MAX).
+os.environ["LLMGW_ROLE"] = "web"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_application = get_asgi_application()
 

@@ -25,10 +25,11 @@ env = environ.Env()
 DATA_DIR = local_data_dir().resolve()
 PKI_DIR = Path(env.str("LLMGW_PKI_DIR", default=str(DATA_DIR / "pki"))).resolve()
 
-# Which process this is. The agent API runs with its own URLconf and no
-# middleware: it serves one kind of caller, authenticated by TLS, at a rate of
-# thousands of requests per second.
-ROLE = env.str("LLMGW_ROLE", default="web")
+# Which process this is, set by each server's entry point: "agent-api" (its
+# own URLconf and no middleware: it serves one kind of caller, authenticated
+# by TLS, at a rate of thousands of requests per second), "web" (ASGI);
+# anything else (a Celery worker, beat, manage.py) is "other".
+ROLE = env.str("LLMGW_ROLE", default="other")
 
 
 def _secret_key() -> str:
@@ -167,12 +168,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # pg_stat_activity names the process each connection belongs to.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("application_name", f"llmgw pid {os.getpid()}")
     # Connections each process may hold (docs/production.md counts them). The
     # agent API answers from many threads, few of which need the database at
-    # once: they share a small pool (psycopg_pool) instead of holding one
-    # connection each. 0: no pool, each thread keeps its own connection for
-    # LLMGW_DB_CONN_MAX_AGE seconds (the worker's threads or children, beat, web).
-    LLMGW_DB_POOL_MAX = env.int("LLMGW_DB_POOL_MAX", default=4 if ROLE == "agent-api" else 0)
+    # once, and the web process (ASGI) runs each request in a new thread: a
+    # connection kept per thread there was never used again and piled up
+    # (51 after 1,200 requests). Both share a small pool (psycopg_pool)
+    # instead. 0: no pool, each thread keeps its own connection for
+    # LLMGW_DB_CONN_MAX_AGE seconds (the worker's threads or children, beat).
+    LLMGW_DB_POOL_MAX = env.int("LLMGW_DB_POOL_MAX", default=4 if ROLE in ("agent-api", "web") else 0)
     if LLMGW_DB_POOL_MAX > 0:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django returns the connection to the pool after each request
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
@@ -263,6 +268,14 @@ CACHES = {
 
 LLMGW_NODE_GRACE = env.float("LLMGW_NODE_GRACE", default=60.0)
 LLMGW_HEARTBEAT_INTERVAL = env.float("LLMGW_HEARTBEAT_INTERVAL", default=5.0)
+# GPU health (docs/gpus.md): a GPU at or over this temperature (°C) is degraded;
+# so is one with this many corrected ECC errors between two readings.
+LLMGW_GPU_TEMP_DEGRADED = env.int("LLMGW_GPU_TEMP_DEGRADED", default=87)
+LLMGW_GPU_ECC_STORM = env.int("LLMGW_GPU_ECC_STORM", default=100)
+# Opt-in: a quarantined GPU that NVML shows reset and healthy goes back in service by itself.
+LLMGW_GPU_AUTO_CLEAR = env.bool("LLMGW_GPU_AUTO_CLEAR", default=False)
+# One history sample per node at most this often (seconds); an hour of them is kept.
+LLMGW_GPU_HISTORY_STEP = env.float("LLMGW_GPU_HISTORY_STEP", default=30.0)
 LLMGW_SWEEP_INTERVAL = env.float("LLMGW_SWEEP_INTERVAL", default=2.0)
 # The periodic reconcile; changes also trigger one at once.
 LLMGW_RECONCILE_INTERVAL = env.float("LLMGW_RECONCILE_INTERVAL", default=5.0)
@@ -275,6 +288,9 @@ LLMGW_ROUTING_SETTLE = env.float("LLMGW_ROUTING_SETTLE", default=1.5)
 # often; reading one engine's /metrics gives up after the timeout.
 LLMGW_AUTOSCALE_INTERVAL = env.float("LLMGW_AUTOSCALE_INTERVAL", default=2.0)
 LLMGW_AUTOSCALE_ENGINE_TIMEOUT = env.float("LLMGW_AUTOSCALE_ENGINE_TIMEOUT", default=0.5)
+# Moving a replica that shares a node with another of its model to where it
+# shares less (replicas/respread.py), one at a time on a quiet cluster.
+LLMGW_SPREAD = env.bool("LLMGW_SPREAD", default=True)
 # Ports given to engines on each node (HTTP and rendezvous of each leader).
 # Move smaller replicas to make room for a pending one (replicas/moves.py),
 # at most this many at once; LLMGW_DEFRAG=0 keeps every placement where it is.

@@ -39,3 +39,21 @@ class NodeEventKind(models.TextChoices):
     NODE_INVENTORY = "node.inventory"
     GPU_CONFLICT = "gpu.conflict"
     GPU_MISSING = "gpu.missing"
+    GPU_QUARANTINED = "gpu.quarantined"
+    GPU_CLEARED = "gpu.cleared"
+    GPU_XID = "gpu.xid"  # an application Xid: recorded, quarantines nothing
+
+
+class GpuHealth(models.TextChoices):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"  # usable and used, shown: corrected-error storms, thermal throttling, heat
+    QUARANTINED = "quarantined"  # never placed on until cleared
+
+
+class GpuFault(models.TextChoices):
+    """Why a GPU was quarantined."""
+
+    XID = "xid"
+    ECC = "ecc"
+    LOST = "lost"
+    NVML = "nvml"

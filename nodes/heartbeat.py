@@ -37,7 +37,9 @@ from .clock import agent_reconnect_max
 from .choices import NodeStatus
 from .exceptions import InventoryRejected
 from .inventory import node_heartbeat_apply
+from .gpus import gpus_judged
 from .models import Node
+from .telemetry import telemetry_keep, telemetry_parse
 from .validation import heartbeat_clean
 
 INVENTORY_FIELDS = ("agent_version", "mgmt_addr", "mgmt_interface", "fabrics", "gpus", "hcas", "discovery_errors")
@@ -89,6 +91,15 @@ def _reply(node_name: str, known: _Known) -> dict[str, Any]:
 
 
 def node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]:
+    # Checked first, like the rest of a heartbeat: a malformed block stores nothing.
+    block = telemetry_parse(payload.get("telemetry"))
+    reply = _node_heartbeat(node_name=node_name, payload=payload)
+    if block is not None:
+        telemetry_keep(node_name=node_name, block=block, persist=gpus_judged)
+    return reply
+
+
+def _node_heartbeat(*, node_name: str, payload: dict[str, Any]) -> dict[str, Any]:
     store = liveness.store()
     inv_hash = inventory_hash(payload)
     eng_hash = engines_hash(payload.get("engines", []))

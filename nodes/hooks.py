@@ -14,6 +14,11 @@ engine_report_handlers: list[Callable[..., None]] = []
 # (node=Node, gpu_ids=list of Gpu pks) -> None, inside the heartbeat's
 # transaction: GPUs the node stopped reporting (now marked missing).
 gpus_vanished_handlers: list[Callable[..., None]] = []
+# (node=Node, reasons={Gpu pk: why}) -> None, inside the transaction that
+# quarantined those GPUs (nodes.gpus), which holds the node's row.
+gpus_quarantined_handlers: list[Callable[..., None]] = []
+# (node=Node) -> None, inside the transaction that put a GPU back in service.
+gpus_cleared_handlers: list[Callable[..., None]] = []
 # (node_name=str) -> None, after the node was marked lost.
 node_lost_handlers: list[Callable[..., None]] = []
 # (node_name=str, reason=str) -> None, inside the transaction that took the

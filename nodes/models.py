@@ -50,6 +50,13 @@ class Node(models.Model):
         return self.name
 
 
+class GpuQuerySet(models.QuerySet):
+    def in_service(self) -> "GpuQuerySet":
+        """The GPUs work may be placed on: reported by their node and not
+        quarantined. Every placement reads GPUs through this one filter."""
+        return self.filter(missing_since=None, quarantined_at=None)
+
+
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveIntegerField()
@@ -61,6 +68,18 @@ class Gpu(models.Model):
     # node keeps its claim on the uuid, and a replica holding it is failed
     # rather than the node's heartbeats refused. Cleared when it is reported again.
     missing_since = models.DateTimeField(null=True, blank=True)
+    # Health (nodes.gpu_health): set when a critical Xid, an uncorrectable
+    # ECC error, a fall from the bus or NVML failing took the GPU out of
+    # service; cleared only by an operator (or the opt-in reset rule). The
+    # readings themselves are telemetry, in Redis (nodes.telemetry).
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    quarantine_kind = models.CharField(max_length=16, blank=True)  # GpuFault
+    quarantine_reason = models.CharField(max_length=255, blank=True)
+    last_xid = models.PositiveIntegerField(null=True, blank=True)
+    # Uncorrectable ECC errors already judged (those before a clear): only more quarantine again.
+    ecc_uncorrected_baseline = models.BigIntegerField(default=0)
+
+    objects = GpuQuerySet.as_manager()
 
     class Meta:
         ordering = ["node", "index"]

@@ -72,3 +72,45 @@ def fabric_list() -> QuerySet[Fabric]:
 
 def age_seconds(when: dt.datetime | None) -> float | None:
     return None if when is None else max(0.0, (timezone.now() - when).total_seconds())
+
+
+STALE_READINGS = 120.0  # seconds: older readings are shown as unknown
+
+
+def gpu_health_list(*, node_name: str | None = None) -> list[dict[str, Any]]:
+    """Every GPU that is there, with its state from the database and its
+    latest readings from the telemetry store (the one merge of the two)."""
+    from .telemetry import readings_of, store
+
+    gpus = Gpu.objects.filter(missing_since=None).select_related("node").order_by("node__name", "index")
+    if node_name is not None:
+        gpus = gpus.filter(node__name=node_name)
+    try:
+        latest = store().latest(node_name)
+    except Exception:  # noqa: BLE001 - Redis away: states from the database, no readings
+        latest = {}
+    now = timezone.now().timestamp()
+    readings = {
+        (name, r["index"]): (r, block.get("at"))
+        for name, block in latest.items() if now - block.get("at", 0) < STALE_READINGS
+        for r in readings_of(block)
+    }
+    rows = []
+    for gpu in gpus:
+        reading, at = readings.get((gpu.node.name, gpu.index), ({}, None))
+        if gpu.quarantined_at is not None:
+            health, reason = "quarantined", gpu.quarantine_reason
+        elif reading:
+            health, reason = reading["health"], reading["reason"]
+        else:
+            health, reason = "unknown", ""
+        rows.append({
+            "node": gpu.node.name, "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
+            "health": health, "reason": reason, "quarantined_at": gpu.quarantined_at,
+            "last_xid": gpu.last_xid if gpu.last_xid is not None else reading.get("last_xid"),
+            **{k: reading.get(k) for k in ("util", "mem_util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w",
+                                           "power_limit_w", "ecc_corrected", "ecc_uncorrected",
+                                           "pending_retirement", "thermal_throttle")},
+            "read_at": at,
+        })
+    return rows

@@ -24,11 +24,14 @@ from agent.protocol import (
     ENGINE_STATES,
     FABRIC_NAME_RE,
     HCA_NAME_RE,
+    TELEMETRY_SOURCES,
     EngineState,
     FabricMembership,
     GpuInfo,
+    GpuReading,
     HcaInfo,
     Heartbeat,
+    Telemetry,
     mgmt_addr_problem,
 )
 
@@ -136,6 +139,24 @@ LIMITS: dict[str, dict[str, Any]] = {
     "Heartbeat.mgmt_interface": {"max_length": 64, "allow_blank": True},
     "Heartbeat.discovery_errors": {"max_length": 100},
     "Heartbeat.desired_version": {"min_value": 0},
+    # Telemetry is kept in Redis, not in columns: these bound what one block may hold.
+    "GpuReading.index": {"min_value": 0, "max_value": 1023},
+    "GpuReading.uuid": {"max_length": 64},
+    "GpuReading.util": {"min_value": 0, "max_value": 100},
+    "GpuReading.mem_util": {"min_value": 0, "max_value": 100},
+    "GpuReading.mem_used_mib": {"min_value": 0, "max_value": INT32_MAX},
+    "GpuReading.mem_total_mib": {"min_value": 0, "max_value": INT32_MAX},
+    "GpuReading.temp_c": {"min_value": 0, "max_value": 200},
+    "GpuReading.power_w": {"min_value": 0, "max_value": 100_000},
+    "GpuReading.power_limit_w": {"min_value": 0, "max_value": 100_000},
+    "GpuReading.ecc_corrected": {"min_value": 0, "max_value": 2**62},
+    "GpuReading.ecc_uncorrected": {"min_value": 0, "max_value": 2**62},
+    "GpuReading.xids": {"max_length": 32, "allow_empty": True, "child": {"min_value": 0, "max_value": 65535}},
+    "GpuReading.last_xid": {"min_value": 0, "max_value": 65535},
+    "GpuReading.error": {"max_length": 255},
+    "Telemetry.source": {"choices": TELEMETRY_SOURCES},
+    "Telemetry.gpus": {"max_length": 64, "allow_empty": True},
+    "Telemetry.note": {"max_length": 500},
 }
 
 
@@ -204,7 +225,8 @@ HeartbeatSerializer = type("HeartbeatSerializer", (_serializer(Heartbeat),),
                            {"validate": _validate, "validate_mgmt_addr": _validate_mgmt_addr})
 
 # A bound for a field the protocol no longer has would be dropped in silence.
-_unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat)
+_unknown = set(LIMITS) - {f"{c.__name__}.{f.name}" for c in (GpuInfo, HcaInfo, FabricMembership, EngineState, Heartbeat,
+                                                               GpuReading, Telemetry)
                           for f in dataclasses.fields(c)}
 if _unknown:
     raise TypeError(f"nodes.validation.LIMITS names fields agent.protocol does not have: {sorted(_unknown)}")

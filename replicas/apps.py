@@ -17,5 +17,7 @@ class ReplicasConfig(AppConfig):
         hooks.node_lost_handlers.append(services.replicas_node_lost)
         hooks.node_undrained_handlers.append(drain.drain_end_for_node)
         hooks.gpus_vanished_handlers.append(services.replicas_gpus_vanished)
+        hooks.gpus_quarantined_handlers.append(services.replicas_gpus_quarantined)
+        hooks.gpus_cleared_handlers.append(services.replicas_gpus_cleared)
         hooks.desired_member_providers.append(selectors.node_desired_members)
         hooks.replica_counters.append(selectors.node_replica_counts)

@@ -17,7 +17,7 @@ from core.events import event_record
 from nodes.choices import LIVE
 from nodes.services import nodes_desired_changed
 
-from . import drain, moves
+from . import drain, moves, respread, spread
 from .catalog import model_refresh_fit
 from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, Replica
@@ -42,6 +42,7 @@ def replicas_reconcile() -> None:
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
     moves.moves_step()
+    respread.spread_step()
     # Again, now that this pass has tried to place what was pending: a drain
     # is called blocked only on what is true now.
     for drain_id in list(drain.drains_active()):
@@ -75,13 +76,34 @@ def model_reconcile(*, model_id: int) -> None:
                     data={"model": model.name, "replica": replica.pk, "to": "pending"},
                 )
         elif missing < 0:
-            extra = sorted(counted, key=lambda r: (r.status != ReplicaStatus.PENDING, -r.pk))[: -missing]
+            extra = _scale_down_order(counted)[: -missing]
             for replica in extra:
                 to = ReplicaStatus.STOPPED if replica.status == ReplicaStatus.PENDING else ReplicaStatus.STOPPING
                 replica_transition(replica_id=replica.pk, to=to, reason=f"{model.name} scaled to {model.replicas}")
         if model.removing and not Replica.objects.filter(model=model).exclude(status=ReplicaStatus.STOPPED).exists():
             event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}", message=f"{model.name} removed from the catalog")
             model.delete()
+
+
+def _scale_down_order(counted: list[Replica]) -> list[Replica]:
+    """Pending replicas first (newest first), then the placed ones in the
+    order that best keeps the model spread (``spread.removal_order``)."""
+    pending = sorted((r for r in counted if r.status == ReplicaStatus.PENDING), key=lambda r: -r.pk)
+    placed = {r.pk: r for r in counted if r.status != ReplicaStatus.PENDING}
+    nodes: dict[int, list[str]] = {pk: [] for pk in placed}
+    fabrics: dict[int, str | None] = {}
+    for replica_id, node, fabric in (
+        Member.objects.filter(replica_id__in=placed).order_by("replica_id", "rank")
+        .values_list("replica_id", "node__name", "replica__fabric__name")
+    ):
+        nodes[replica_id].append(node)
+        fabrics[replica_id] = fabric
+    order = spread.removal_order([
+        spread.SpreadReplica(pk, fabrics.get(pk), tuple(nodes[pk]) or (f"replica-{pk}",),
+                             ready=r.status == ReplicaStatus.READY)
+        for pk, r in placed.items()
+    ])
+    return pending + [placed[pk] for pk in order]
 
 
 def members_nudge() -> list[str]:
@@ -92,7 +114,7 @@ def members_nudge() -> list[str]:
     finds nothing new."""
     before = timezone.now() - NUDGE_AFTER
     stale = Q(replica__status=ReplicaStatus.SCHEDULED, state=MemberState.PENDING) | Q(
-        replica__status=ReplicaStatus.FAILED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=True)
+        replica__status__in=[ReplicaStatus.FAILED, ReplicaStatus.STOPPING], replica__quiesced=True)
     names = sorted(set(
         Member.objects.filter(stale, replica__status_changed_at__lt=before, node__status__in=LIVE)
         .exclude(state=MemberState.GONE).values_list("node__name", flat=True)

@@ -62,8 +62,8 @@ def cluster_snapshot() -> placement.ClusterSnapshot:
     allocated = set(GpuAllocation.objects.values_list("gpu_id", flat=True))
     free = defaultdict(list)
     total = defaultdict(int)
-    # A missing GPU is neither capacity nor free: the node no longer reports it.
-    for gpu_id, node_id, index in Gpu.objects.filter(missing_since=None).values_list("id", "node_id", "index"):
+    # A missing or quarantined GPU is neither capacity nor free (Gpu.objects.in_service).
+    for gpu_id, node_id, index in Gpu.objects.in_service().values_list("id", "node_id", "index"):
         total[node_id] += 1
         if gpu_id not in allocated:
             free[node_id].append(index)
@@ -141,9 +141,10 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         if not items:
             return []
         node_ids = [n.id for n in nodes.values()]
+        nodes_by_id = {n.id: n.name for n in nodes.values()}
         gpu_ids = {
             (node_id, index): gpu_id
-            for gpu_id, node_id, index in Gpu.objects.filter(node_id__in=node_ids, missing_since=None)
+            for gpu_id, node_id, index in Gpu.objects.in_service().filter(node_id__in=node_ids)
             .values_list("id", "node_id", "index")
         }
         # Each node's HCAs per fabric (NCCL_IB_HCA of its members).
@@ -179,6 +180,11 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
                 members.append(member)
                 port_plan.append(ports)
             replica.fabric = fabrics.get(plan.fabric) if plan.fabric else None
+        gone = sorted({f"{nodes_by_id[m.node_id]}:{i}" for m in members for i in m.gpus
+                       if (m.node_id, i) not in gpu_ids})
+        if gone:
+            # The snapshot is older than a quarantine (or a GPU gone): place again.
+            raise PlacementConflict(f"GPU {', '.join(gone)} is no longer in service")
         Member.objects.bulk_create(members, batch_size=1000)
         GpuAllocation.objects.bulk_create(
             [GpuAllocation(gpu_id=gpu_ids[(m.node_id, i)], member_id=m.pk, node_id=m.node_id)

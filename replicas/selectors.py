@@ -13,11 +13,13 @@ from .models import CatalogEntry, Drain, Member, Replica
 
 def members_wanted() -> QuerySet[Member]:
     """The members that should be running on their nodes: those of a placed
-    replica, and of a stopping one still finishing its in-flight requests (not
-    yet quiesced), unless already gone. The one statement of that rule: the
-    nodes' desired state and the scheduler's view of orphaned engines read it."""
+    replica, and of a stopping one or a failed one still finishing its
+    in-flight requests (not yet quiesced: ``replicas_quiesce``), unless
+    already gone. The one statement of that rule: the nodes' desired state
+    and the scheduler's view of orphaned engines read it."""
     return Member.objects.filter(
-        Q(replica__status__in=PLACED) | Q(replica__status=ReplicaStatus.STOPPING, replica__quiesced=False)
+        Q(replica__status__in=PLACED)
+        | Q(replica__status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED], replica__quiesced=False)
     ).exclude(state=MemberState.GONE)
 
 

@@ -31,10 +31,13 @@ logger = logging.getLogger(__name__)
 
 
 def replicas_quiesce() -> None:
-    """Stop the members of stopping replicas once no request is in flight on
-    them, or once LLMGW_STOP_GRACE has passed, whichever comes first."""
+    """Stop the members of stopping replicas, and the live members of failed
+    ones that may still serve (``replica_fail(..., finish_inflight=True)``),
+    once no request is in flight on them, or once LLMGW_STOP_GRACE has
+    passed, whichever comes first; never before LLMGW_ROUTING_SETTLE, so
+    that every gateway has stopped routing to them."""
     now = timezone.now()
-    for replica in Replica.objects.filter(status=ReplicaStatus.STOPPING, quiesced=False):
+    for replica in Replica.objects.filter(status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED], quiesced=False):
         waited = (now - replica.status_changed_at).total_seconds()
         if waited < settings.LLMGW_ROUTING_SETTLE:
             continue
@@ -44,12 +47,19 @@ def replicas_quiesce() -> None:
         with transaction.atomic():
             if not Replica.objects.filter(pk=replica.pk, quiesced=False).update(quiesced=True):
                 continue
-            nodes_desired_changed(node_names=list(replica.members.values_list("node__name", flat=True)))
+            nodes_desired_changed(node_names=list(
+                replica.members.exclude(state=MemberState.GONE).values_list("node__name", flat=True)))
+            what = "stopped" if replica.status == ReplicaStatus.STOPPING else "failed, its live members stopped"
             if inflight:
                 event_record(
                     kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}", severity=EventSeverity.WARNING,
-                    message=f"replica {replica.pk} stopped with {inflight} request(s) still in flight after "
+                    message=f"replica {replica.pk} {what} with {inflight} request(s) still in flight after "
                     f"{settings.LLMGW_STOP_GRACE:.0f}s (LLMGW_STOP_GRACE)",
+                )
+            elif replica.status == ReplicaStatus.FAILED:
+                event_record(
+                    kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{replica.pk}",
+                    message=f"replica {replica.pk} failed: no request in flight on it any more, its live members stop",
                 )
 
 
@@ -119,12 +129,26 @@ def replicas_transition_scheduled(*, replicas: list[Replica], reasons: dict[int,
     REPLICA_STATES.apply_many(replicas, to=ReplicaStatus.SCHEDULED, reasons=reasons, also=("fabric",))
 
 
-def replica_fail(*, replica_id: int, reason: str) -> Replica | None:
-    """Fail a placed replica; its members are reaped and a replacement is
-    scheduled at once (by the reconcile enqueued on commit)."""
-    return replica_transition(
-        replica_id=replica_id, to=ReplicaStatus.FAILED, reason=reason, expected=PLACED, severity=EventSeverity.ERROR
-    )
+def replica_fail(*, replica_id: int, reason: str, finish_inflight: bool = False) -> Replica | None:
+    """Fail a placed replica: it leaves every routing table at once, and a
+    replacement is scheduled at once (by the reconcile enqueued on commit).
+    Its members are reaped at once, unless ``finish_inflight`` (the failure
+    does not mean they cannot serve: a node lost, whose engines may well run
+    on): then its members that are still alive stop once its in-flight
+    requests have finished, within LLMGW_STOP_GRACE (``replicas_quiesce``),
+    as a drained original does."""
+    with transaction.atomic():
+        replica = replica_transition(
+            replica_id=replica_id, to=ReplicaStatus.FAILED, reason=reason, expected=PLACED,
+            severity=EventSeverity.ERROR,
+        )
+        if replica is None:
+            return None
+        replica.quiesced = not finish_inflight
+        Replica.objects.filter(pk=replica.pk).update(quiesced=replica.quiesced)
+        if finish_inflight:
+            reconcile_after_commit(countdown=settings.LLMGW_ROUTING_SETTLE)
+    return replica
 
 
 def member_release(*, member: Member, reason: str) -> int:
@@ -269,6 +293,29 @@ def replicas_gpus_vanished(*, node: Node, gpu_ids: list[int]) -> None:
             )
 
 
+def replicas_gpus_quarantined(*, node: Node, reasons: dict[int, str]) -> None:
+    """GPUs quarantined (inside the transaction of nodes.gpus, which holds the
+    node): each placed replica using one fails at once, naming why (the Xid
+    and what it means), and is rebuilt elsewhere by the usual path."""
+    members = (
+        Member.objects.select_for_update(of=("self",), no_key=True)
+        .filter(node=node, pk__in=GpuAllocation.objects.filter(gpu_id__in=list(reasons)).values("member_id"))
+        .exclude(state=MemberState.GONE)
+        .select_related("replica")
+        .order_by("pk")
+    )
+    for member in members:
+        if member.replica.status in PLACED:
+            why = [reasons[g] for g in GpuAllocation.objects.filter(member=member, gpu_id__in=list(reasons))
+                   .order_by("gpu_id").values_list("gpu_id", flat=True)]
+            replica_fail(replica_id=member.replica_id, reason=f"rank {member.rank}: {'; '.join(why)}"[:255])
+
+
+def replicas_gpus_cleared(*, node: Node) -> None:
+    """A GPU is back in service: a pending replica may fit now."""
+    reconcile_after_commit()
+
+
 def replicas_node_lost(*, node_name: str) -> None:
     """A node is lost: every replica with a member on it fails; that member's
     GPUs are freed now (the node runs nothing we will count on, and when it
@@ -289,8 +336,11 @@ def replicas_node_lost(*, node_name: str) -> None:
         freed = 0
         for member in members:
             if replicas[member.replica_id].status in PLACED:
+                # Its members elsewhere may still be serving with the one here (an
+                # agent frozen, a network split): they finish what is in flight.
                 replicas[member.replica_id] = replica_fail(
-                    replica_id=member.replica_id, reason=f"node {node_name} was lost (rank {member.rank})"
+                    replica_id=member.replica_id, reason=f"node {node_name} was lost (rank {member.rank})",
+                    finish_inflight=True,
                 ) or replicas[member.replica_id]
             freed += member_release(member=member, reason=f"node {node_name} lost")
         for replica in replicas.values():

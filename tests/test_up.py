@@ -72,7 +72,8 @@ def alive(pid: int) -> bool:
 class Up:
     """One `llmgw up` in the background, its output in a file."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, extra: tuple[str, ...] = ()) -> None:
+        self.extra = extra
         self.data_dir = data_dir
         self.log_path = log_path
         self.web_port = free_port()
@@ -82,7 +83,7 @@ class Up:
     def start(self) -> "Up":
         argv = llmgw_argv() + [
             "up", "--data-dir", str(self.data_dir), "--web-port", str(self.web_port),
-            "--agent-port", str(self.agent_port), "--agent-workers", "1",
+            "--agent-port", str(self.agent_port), "--agent-workers", "1", *self.extra,
         ]
         with open(self.log_path, "wb") as handle:
             self.proc = subprocess.Popen(
@@ -132,8 +133,8 @@ def up_runs(tmp_path):
     runs: list[Up] = []
     data_dir = tmp_path / "llmgw-data"
 
-    def start() -> Up:
-        run = Up(data_dir, tmp_path / f"up-{len(runs)}.log")
+    def start(*extra: str) -> Up:
+        run = Up(data_dir, tmp_path / f"up-{len(runs)}.log", extra)
         runs.append(run)
         return run.start()
 
@@ -312,3 +313,91 @@ def test_llmgw_up_refuses_a_data_dir_it_cannot_make_private(tmp_path):
     assert f"{stuck} (-rw-r--r--" in done.stderr, done.stderr
     assert "llmgw is up" not in done.stdout
     assert stat.S_IMODE(stuck.stat().st_mode) == 0o644
+
+
+def children_named(pid: int, word: str) -> list[int]:
+    """Direct children of ``pid`` whose command line holds ``word``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if ppid == pid and word.encode() in cmdline and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_sigkilled_worker_is_started_again_while_the_gateway_keeps_answering(up_runs):
+    """issue 27: SIGKILL a Celery worker under `llmgw up` (two web and two
+    worker processes) while a client keeps calling the gateway: no
+    connection is refused, the worker comes back (a log line and an Event
+    say so) and runs the sweeps again, and everything else keeps its pid."""
+    import threading
+
+    run = up_runs("--web-workers", "2", "--workers", "2")
+    base = f"http://127.0.0.1:{run.web_port}"
+    db_path = run.data_dir / "llmgw.sqlite3"
+    others = {name: children_named(run.proc.pid, name) for name in ("uvicorn", "gunicorn", "beat")}
+    assert all(len(pids) == 1 for pids in others.values()), others
+    [web] = others["uvicorn"]
+    assert len(descendants(web)) >= 2, "two web processes under uvicorn"
+    workers = sorted(children_named(run.proc.pid, "worker"))
+    assert len(workers) == 2, workers
+    worker, other_worker = workers
+
+    answers: list[int] = []
+    refused: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=base, timeout=10) as http:
+            while not stop.is_set():
+                try:
+                    answers.append(http.get("/v1/models").status_code)
+                except httpx.TransportError as exc:
+                    refused.append(repr(exc))
+                time.sleep(0.02)
+
+    def last_sweep() -> str | None:
+        with sqlite3.connect(db_path, timeout=10) as db:
+            row = db.execute("SELECT last_sweep_at FROM nodes_controlplaneclock WHERE id = 1").fetchone()
+        return row[0] if row else None
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        time.sleep(1)
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (back := set(children_named(run.proc.pid, "worker")) - {worker, other_worker}):
+            assert run.proc.poll() is None, f"llmgw up exited:\n{run.output()}"
+            assert time.monotonic() < deadline, f"the worker did not come back in 60s:\n{run.output()}"
+            time.sleep(0.2)
+        # The new worker does the work: a sweep after its start.
+        restarted_at = last_sweep()
+        deadline = time.monotonic() + 60
+        while last_sweep() == restarted_at:
+            assert time.monotonic() < deadline, f"no sweep after the worker came back:\n{run.output()}"
+            time.sleep(0.5)
+        time.sleep(1)
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+    assert not refused, refused[:5]
+    assert len(answers) > 50 and set(answers) == {401}, (len(answers), set(answers))
+    killed = re.search(rf"(worker-\d) \(pid {worker}\) exited with signal SIGKILL", run.output())
+    assert killed, run.output()
+    assert run.proc.poll() is None
+    assert {name: children_named(run.proc.pid, name) for name in others} == others
+    assert other_worker in children_named(run.proc.pid, "worker")
+    with sqlite3.connect(db_path, timeout=10) as db:
+        events = db.execute("SELECT message FROM nodes_event WHERE subject = ?",
+                            [f"llmgw-up/{killed.group(1)}"]).fetchall()
+    assert len(events) == 1 and "starting it again" in events[0][0], events
+    status, left = run.interrupt()
+    assert status == 0, run.output()
+    assert not left, f"still running after Ctrl-C: {sorted(left)}"

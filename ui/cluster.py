@@ -17,9 +17,10 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from nodes import liveness
+from nodes import liveness, telemetry
 from nodes.choices import NodeStatus
 from nodes.models import Gpu, GpuConflict, Node
+from nodes.selectors import STALE_READINGS
 from replicas.choices import DRAIN_ACTIVE
 from replicas.models import Drain, GpuAllocation
 
@@ -150,18 +151,35 @@ def _gpu_warnings() -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     return warnings_of, claimed_by
 
 
-def _marked_cell(index: int, held: tuple[int, str] | None, missing_since, claimants: list[str] | None) -> str:
-    """A GPU that is missing or claimed by another node: striped, and its title says so."""
+def _marked_cell(index: int, held: tuple[int, str] | None, missing_since, claimants: list[str] | None,
+                 health: tuple[str, str] | None = None, shade: str = "") -> str:
+    """A GPU that is missing, claimed by another node, quarantined or
+    degraded: marked, and its title says so."""
     colour = "free" if held is None else replica_colour(held[0])
     title = f"GPU {index}: " + ("free" if held is None else f"{held[1]} #{held[0]}")
-    classes = "gpu " + colour
+    classes = "gpu " + colour + shade
     if missing_since is not None:
         classes += " missing"
         title += f"; missing since {_clock(missing_since)}"
     if claimants:
         classes += " conflict"
         title += f"; also claimed by {', '.join(claimants)}"
+    if health is not None:
+        classes += f" {health[0]}"
+        title += f"; {health[0]}: {health[1]}"
     return f'<span class="{classes}" title="{escape(title)}"></span>'
+
+
+def gpu_readings() -> dict[tuple[str, int], tuple[int | None, str, str]]:
+    """{(node name, GPU index): (utilisation, health, reason)} from the latest readings."""
+    try:
+        latest = telemetry.store().latest()
+    except Exception:  # noqa: BLE001 - Redis away: the grid without readings
+        return {}
+    now = timezone.now().timestamp()
+    return {(name, r["index"]): (r["util"], r["health"], r["reason"])
+            for name, block in latest.items() if now - block.get("at", 0) < STALE_READINGS
+            for r in telemetry.readings_of(block)}
 
 
 def replica_colour(replica_id: int) -> str:

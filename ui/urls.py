@@ -12,6 +12,7 @@ urlpatterns = [
     path("nodes/<str:name>/", nodes.node_page, name="ui-node"),
     path("nodes/<str:name>/live/", nodes.node_live, name="ui-node-live"),
     path("nodes/<str:name>/cordon/", nodes.node_cordon, name="ui-node-cordon"),
+    path("nodes/<str:name>/gpus/<int:index>/clear/", nodes.node_gpu_clear, name="ui-node-gpu-clear"),
     path("nodes/<str:name>/uncordon/", nodes.node_uncordon, name="ui-node-uncordon"),
     path("nodes/<str:name>/drain/", nodes.node_drain, name="ui-node-drain"),
     path("nodes/<str:name>/drain/cancel/", nodes.node_drain_cancel, name="ui-node-drain-cancel"),

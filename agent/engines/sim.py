@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from .sim_api import SimModel, make_server, serve_in_thread
+from .sim_api import LOAD, SimModel, make_server, serve_in_thread
 from .sim_model import DEFAULT_NUM_GPU_BLOCKS, SimParams
 
 logger = logging.getLogger("llmgw.sim")
@@ -133,6 +133,7 @@ class Leader:
         model = SimModel(self.args.model, self.args.params)
         try:
             server = make_server(self.args.host, self.args.port, model)
+            LOAD.keep_writing()  # in the member's working directory, for the fake NVML
         except OSError as exc:
             _exit(EXIT_BROKEN, f"cannot serve HTTP on {self.args.host}:{self.args.port}: {exc}")
         logger.info("serving model %s on http://%s:%d", model.name, self.args.host, self.args.port)

@@ -17,6 +17,7 @@ arithmetic under a lock, so a request costs little more than its sleep.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import threading
@@ -35,8 +36,51 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
-def count_tokens(text: str) -> int:
-    return len(words(text))
+# The leader's load, written where the simulated node's fake NVML reads it
+# (agent.nvml_fake): its GPUs' utilisation follows the requests in flight.
+LOAD_FILE = "sim-load.json"
+
+
+class _Load:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.served = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.served += 1
+
+    def keep_writing(self, path: str = LOAD_FILE, every: float = 0.5) -> None:
+        # Only in a member's directory (the agent's record beside it, or one
+        # level up for an engine run as another user): a sim engine started
+        # by hand writes nothing where it happens to run.
+        if not (os.path.exists("engine.json") or os.path.exists(os.path.join("..", "engine.json"))):
+            return
+
+        def loop() -> None:
+            last = None
+            while True:
+                now = (self.in_flight, self.served)
+                if now != last:
+                    try:
+                        with open(path + ".tmp", "w") as f:
+                            json.dump({"in_flight": now[0], "served": now[1], "at": time.time()}, f)
+                        os.replace(path + ".tmp", path)
+                        last = now
+                    except OSError:
+                        pass  # a read-only working directory: no load to show, nothing else changes
+                time.sleep(every)
+
+        threading.Thread(target=loop, name="sim-load", daemon=True).start()
+
+
+LOAD = _Load()
 
 
 class SimModel:
@@ -125,6 +169,7 @@ class SimHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        LOAD.enter()
         try:
             body = self._body()
             if path == "/v1/chat/completions":
@@ -137,6 +182,8 @@ class SimHandler(BaseHTTPRequestHandler):
             self._error(exc.status, str(exc), exc.kind)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        finally:
+            LOAD.leave()
 
     # --- completions -----------------------------------------------------------------------
 
@@ -185,7 +232,6 @@ class SimHandler(BaseHTTPRequestHandler):
             while not ticket.admitted.wait(CLIENT_CHECK):
                 if self._client_gone():
                     return  # vLLM aborts a request whose client went away; so does the queue
-            metrics.admitted(ticket)
             while (left := ticket.first_token_at - time.monotonic()) > 0:
                 if self._client_gone():
                     return
@@ -193,6 +239,7 @@ class SimHandler(BaseHTTPRequestHandler):
             if stall and stall[0] == "first_token":
                 self._stall(stall[1])
             engine.computed(ticket)
+            metrics.admitted(ticket)  # its first token is out: vLLM observes TTFT now
             usage = {
                 "prompt_tokens": len(prompt),
                 "total_tokens": len(prompt) + len(tokens),
@@ -286,7 +333,7 @@ class SimHandler(BaseHTTPRequestHandler):
 
 # How often a request that waits (in the queue, for its first token) looks
 # whether its client is still there.
-CLIENT_CHECK = 0.25
+CLIENT_CHECK = 1.0
 # A non-streamed answer sleeps through its decode steps in slices of about
 # this long, reading the running count (and so the step's length) again
 # before each: a hundred wake-ups for a thousand tokens, not a thousand.

@@ -8,7 +8,31 @@ from ..selectors import age_seconds, node_gpu_conflicts
 class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
-        fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id", "missing_since"]
+        fields = ["index", "uuid", "name", "memory_mib", "pci_bus_id", "missing_since",
+                  "quarantined_at", "quarantine_kind", "quarantine_reason", "last_xid"]
+
+
+class GpuHealthSerializer(serializers.Serializer):
+    """One GPU: its state (health, quarantine) and its latest readings (None: not read)."""
+
+    node = serializers.CharField()
+    index = serializers.IntegerField()
+    uuid = serializers.CharField()
+    name = serializers.CharField()
+    health = serializers.ChoiceField(choices=["healthy", "degraded", "quarantined", "unknown"],
+                                     help_text="unknown: no readings (telemetry off, or none within 2 minutes)")
+    reason = serializers.CharField(allow_blank=True)
+    quarantined_at = serializers.DateTimeField(allow_null=True)
+    last_xid = serializers.IntegerField(allow_null=True)
+    util = serializers.IntegerField(allow_null=True, help_text="percent")
+    mem_used_mib = serializers.IntegerField(allow_null=True)
+    mem_total_mib = serializers.IntegerField(allow_null=True)
+    temp_c = serializers.IntegerField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    power_limit_w = serializers.FloatField(allow_null=True)
+    ecc_corrected = serializers.IntegerField(allow_null=True)
+    ecc_uncorrected = serializers.IntegerField(allow_null=True)
+    read_at = serializers.FloatField(allow_null=True, help_text="when the readings arrived (Unix time)")
 
 
 class HcaSerializer(serializers.ModelSerializer):

@@ -1,4 +1,4 @@
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -6,14 +6,15 @@ from rest_framework.response import Response
 from accounts.actors import actor
 from core.strict import no_body
 
-from .. import selectors, services
-from .serializers import FabricSerializer, NodeSerializer
+from .. import gpus, selectors, services
+from .serializers import FabricSerializer, GpuHealthSerializer, GpuSerializer, NodeSerializer
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = NodeSerializer
     permission_model = "nodes.node"
-    required_permissions = {"cordon": ("nodes.change_node",), "uncordon": ("nodes.change_node",)}
+    required_permissions = {"cordon": ("nodes.change_node",), "uncordon": ("nodes.change_node",),
+                            "gpu_clear": ("nodes.change_node",)}
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
 
@@ -41,6 +42,26 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def uncordon(self, request, name=None):
         services.node_uncordon(node_name=name, actor=actor(request))
         return Response(self.get_serializer(selectors.node_get(name=name)).data)
+
+
+    @extend_schema(request=None, responses=GpuSerializer)
+    @action(detail=True, methods=["post"], url_path=r"gpus/(?P<index>[0-9]{1,4})/clear")
+    def gpu_clear(self, request, name=None, index=None):
+        """Put a quarantined GPU back in service (operators; an Event names who)."""
+        gpu = gpus.gpu_clear(node_name=name, index=int(index), actor=actor(request))
+        return Response(GpuSerializer(gpu).data)
+
+
+class GpuHealthViewSet(viewsets.ViewSet):
+    """Every GPU's health and latest readings (``?node=NAME`` for one node's)."""
+
+    permission_model = "nodes.node"
+
+    @extend_schema(parameters=[OpenApiParameter("node", str, description="only this node's GPUs")],
+                   responses=GpuHealthSerializer(many=True))
+    def list(self, request):
+        node = request.query_params.get("node") or None
+        return Response(GpuHealthSerializer(selectors.gpu_health_list(node_name=node), many=True).data)
 
 
 class FabricViewSet(viewsets.ReadOnlyModelViewSet):

@@ -263,14 +263,14 @@ def test_a_repeated_long_prefix_is_answered_from_cache_and_a_full_batch_queues(t
 
             # A client that gives up while queued leaves the queue (vLLM aborts it).
             with ThreadPoolExecutor(2) as pool:
-                futures = [pool.submit(ask, i, 150) for i in range(2)]  # 3 s each
+                futures = [pool.submit(ask, i, 250) for i in range(2)]  # 5 s each
                 wait_until(lambda: _metrics(client)["vllm:num_requests_running"] == 2, 10, interval=0.02,
                            message="a full batch")
                 with pytest.raises(httpx.ReadTimeout):
                     httpx.post(f"http://127.0.0.1:{http}/v1/completions", timeout=0.3,
                                json={"model": "sim-model", "prompt": "impatient", "max_tokens": 5})
-                wait_until(lambda: _metrics(client)["vllm:num_requests_waiting"] == 0, 2, interval=0.02,
-                           message="the abandoned request gone from the queue")
+                wait_until(lambda: _metrics(client)["vllm:num_requests_waiting"] == 0, 3, interval=0.02,
+                           message="the abandoned request gone from the queue (it looks every second)")
                 assert _metrics(client)["vllm:num_requests_running"] == 2
                 assert [f.result() for f in futures] == [200] * 2
             assert _metrics(client)["vllm:request_success_total"] == 10  # the abandoned one is no success

@@ -191,3 +191,18 @@ def test_the_engines_flags_make_the_parameters_and_token_delay_keeps_its_flat_ti
     with pytest.raises(SystemExit):
         parse_args(base + ["--num-gpu-blocks-override", "10"])
     assert "--max-model-len 32768 is more than the KV cache holds" in capsys.readouterr().err
+
+
+def test_a_prompt_is_words_and_a_marker_per_chat_message():
+    from agent.engines.sim_api import _prompt_tokens
+
+    chat = {"messages": [{"role": "system", "content": "You are  terse."},
+                         {"role": "user", "content": [{"type": "text", "text": "two words"}, {"type": "image_url"}]}]}
+    assert _prompt_tokens(chat, chat=True) == ["<|system|>", "You", "are", "terse.", "<|user|>", "two", "words"]
+    assert _prompt_tokens({"prompt": "a b\nc"}, chat=False) == ["a", "b", "c"]
+    assert _prompt_tokens({"prompt": ["a b", 7]}, chat=False) == ["a", "b", "7"]
+    # The same conversation with one more turn extends the same blocks.
+    longer = {"messages": chat["messages"] + [{"role": "assistant", "content": "ok"}]}
+    first, second = _prompt_tokens(chat, chat=True), _prompt_tokens(longer, chat=True)
+    assert second[:len(first)] == first
+    assert block_hashes(second, 2)[:3] == block_hashes(first, 2)

@@ -8,10 +8,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
-from cli.processes import ProcessGroup, stopped_on_exit
+from cli.processes import ProcessGroup, Supervisor, stopped_on_exit
 from cli.wait import wait_until
 
 # A child that starts a grandchild in its own process group, prints both pids and waits.
@@ -86,6 +87,49 @@ def test_an_error_during_set_up_stops_what_was_started(group):
     with pytest.raises(RuntimeError), stopped_on_exit(group.stop_all):
         raise RuntimeError("set-up failed")
     assert child.returncode is not None
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def test_a_child_that_dies_is_started_again_while_the_others_keep_running(group):
+    """SIGKILL one child: it is started again after the backoff, with a
+    message naming it; the other child is never touched."""
+    heard = []
+    supervisor = Supervisor(group, {"steady": SLEEPER, "victim": SLEEPER}, backoff=0.2,
+                            notify=lambda name, message, restarting: heard.append((name, message, restarting)))
+    supervisor.start_all()
+    steady, victim = group.procs["steady"], group.procs["victim"]
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_until(lambda: supervisor.check() is None and group.procs["victim"] is not victim
+               and group.procs["victim"].poll() is None, timeout=10, message="the victim started again")
+    assert heard == [("victim", heard[0][1], True)]
+    assert f"victim (pid {victim.pid}) exited with signal SIGKILL" in heard[0][1] and "restart 1" in heard[0][1]
+    assert group.procs["steady"] is steady and steady.poll() is None
+
+
+def test_a_child_that_keeps_dying_at_start_is_given_up_on_by_name(group):
+    heard = []
+    supervisor = Supervisor(group, {"steady": SLEEPER, "broken": [sys.executable, "-c", "raise SystemExit(3)"]},
+                            backoff=0.05, give_up_after=3,
+                            notify=lambda name, message, restarting: heard.append((name, message, restarting)))
+    supervisor.start_all()
+    assert supervisor.run(interval=0.02) == "broken"
+    assert [(name, restarting) for name, _, restarting in heard] == [("broken", True), ("broken", True),
+                                                                    ("broken", False)]
+    assert "broken keeps dying at start (3 times in a row" in heard[-1][1] and "status 3" in heard[-1][1]
+    assert group.procs["steady"].poll() is None
+
+
+def test_a_child_that_ran_a_while_before_dying_is_not_counted_toward_giving_up(group):
+    supervisor = Supervisor(group, {"flaky": [sys.executable, "-c", "import time; time.sleep(0.3)"]},
+                            backoff=0.01, start_window=0.2, give_up_after=2)
+    supervisor.start_all()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert supervisor.check() is None
+        time.sleep(0.02)
+    assert supervisor.restarts["flaky"] >= 3
 
 
 def test_the_llmgw_command_loads_no_django_until_a_command_needs_it():

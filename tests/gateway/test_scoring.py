@@ -212,3 +212,53 @@ def test_engine_metrics_parse_vllm_names():
         pass
     else:
         raise AssertionError("a page without vLLM's series is not a reading")
+
+
+def test_decisions_reach_metrics():
+    from gateway.metrics import GatewayMetrics, render
+
+    GatewayMetrics().decisions({("m", "guard"): 2, ("m", "prefix"): 5}, {"m": CACHE_AWARE})
+    page = render(None).decode()
+    assert 'llmgw_gateway_routing_decisions_total{model="m",policy="cache-aware",reason="guard"}' in page
+
+
+def test_scraper_reads_engines_and_an_unreadable_one_is_routed_on_own_counts():
+    import asyncio
+    import socket
+
+    from aiohttp import ClientSession, web
+
+    from gateway.engineload import EngineScraper
+
+    page = (b'vllm:num_requests_running{model_name="m"} 2\nvllm:num_requests_waiting{model_name="m"} 30\n'
+            b'vllm:kv_cache_usage_perc{model_name="m"} 0.9\n')
+
+    async def metrics(request):
+        return web.Response(body=page)
+
+    async def run():
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        table = RoutingTable()
+        table.apply(RoutingSnapshot(catalog={"m": 0}, keys=[], policies={"m": CACHE_AWARE}, routes=[
+            RouteRow(1, "m", f"http://127.0.0.1:{port}"), RouteRow(2, "m", f"http://127.0.0.1:{dead}")]))
+        scraper = EngineScraper(interval=1.0, per_second=100, timeout=2.0)
+        async with ClientSession() as session:
+            readings = await scraper.cycle(session, table.by_model["m"])
+        await runner.cleanup()
+        return table, readings
+
+    table, readings = asyncio.run(run())
+    busy, unread = table.routes[1].engine, table.routes[2].engine
+    assert (busy.running, busy.waiting, busy.kv_use, busy.fresh) == (2, 30, 0.9, True)
+    assert unread.error and not unread.fresh
+    table.routes[2].inflight = 3  # its own count: fewer than the 32 the busy engine says it holds
+    assert table.pick("m", hints=Hints(blocks=(1, 2, 3))).replica_id == 2

@@ -1,14 +1,17 @@
 """Scheduling persisted, the lifecycle driven by agent reports, failure,
 rebuild and drain, through the services on PostgreSQL."""
 
+import datetime as dt
+
 import pytest
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from core.models import Event
 from nodes.choices import NodeStatus
 from nodes.models import Node
 from nodes.services import node_transition
-from replicas import drain, reconcile, services
+from replicas import drain, hooks, reconcile, services
 from replicas.choices import MemberState, ReplicaStatus
 from replicas.models import GpuAllocation, Member, PortAllocation, Replica
 from tests.factories import CatalogEntryFactory, node_with_gpus
@@ -70,9 +73,14 @@ def test_seeds_scenario_one_replica_per_fabric_then_rebuild_on_the_other(seeds_c
     services.replicas_node_lost(node_name="node02")
     ib_a.refresh_from_db()
     assert ib_a.status == ReplicaStatus.FAILED
-    # node01's member is reaped: out of its desired state, GPUs freed once its agent stops it.
+    # node01's member may still be serving with node02's (issue 27): it stays
+    # until the routing has settled and nothing is in flight on it; then it
+    # is reaped: out of its desired state, GPUs freed once its agent stops it.
     from replicas.selectors import node_desired_members
 
+    assert [m["replica"] for m in node_desired_members(node_name="node01")] == [str(ib_a.pk)]
+    Replica.objects.filter(pk=ib_a.pk).update(status_changed_at=timezone.now() - dt.timedelta(seconds=30))
+    services.replicas_quiesce()
     assert node_desired_members(node_name="node01") == []
     _report(seeds_cluster["node01"], **{m.member_id: (None, False) for m in ib_a.members.all()})
     ib_a.refresh_from_db()
@@ -85,6 +93,77 @@ def test_seeds_scenario_one_replica_per_fabric_then_rebuild_on_the_other(seeds_c
     assert set(_placement(replacement)) == {"node03", "node04"}
     # node01 sits idle rather than being paired across fabrics.
     assert not Member.objects.filter(node__name="node01").exclude(state=MemberState.GONE).exists()
+
+
+def _ready_pair(seeds_cluster):
+    CatalogEntryFactory(name="llama-70b", nodes=2, gpus_per_node=4, replicas=2)
+    reconcile.replicas_reconcile()
+    for _ in range(2):
+        for node in seeds_cluster.values():
+            _report(node)
+    return Replica.objects.get(fabric__name="ib-a")
+
+
+def _desired(node_name):
+    from replicas.selectors import node_desired_members
+
+    return [m["replica"] for m in node_desired_members(node_name=node_name)]
+
+
+def _ago(replica, seconds):
+    Replica.objects.filter(pk=replica.pk).update(status_changed_at=timezone.now() - dt.timedelta(seconds=seconds))
+
+
+def test_a_lost_nodes_replica_lets_its_requests_in_flight_finish_within_the_grace(seeds_cluster, settings,
+                                                                                 monkeypatch):
+    """issue 27: the replica fails (out of routing, replaced at once), but its
+    member on the live node runs on while a request is in flight on it, and
+    stops when none is, or at LLMGW_STOP_GRACE."""
+    settings.LLMGW_ROUTING_SETTLE, settings.LLMGW_STOP_GRACE = 1.5, 60
+    ib_a = _ready_pair(seeds_cluster)
+    inflight = {ib_a.pk: 1}
+    monkeypatch.setattr(hooks, "inflight_providers", [lambda *, replica_id: inflight.get(replica_id, 0)])
+    node_transition(node_name="node02", to=NodeStatus.LOST, reason="test")
+    services.replicas_node_lost(node_name="node02")
+    ib_a.refresh_from_db()
+    assert ib_a.status == ReplicaStatus.FAILED and not ib_a.quiesced
+    assert _desired("node01") == [str(ib_a.pk)]
+    assert _desired("node02") == []  # the lost node's member is released at once
+    reconcile.replicas_reconcile()  # the replacement is created and placed meanwhile
+    assert Replica.objects.filter(model=ib_a.model, status=ReplicaStatus.SCHEDULED).count() == 1
+    _ago(ib_a, 30)
+    services.replicas_quiesce()
+    assert _desired("node01") == [str(ib_a.pk)]  # a request is still in flight
+    inflight.clear()
+    services.replicas_quiesce()
+    assert _desired("node01") == []
+    assert Event.objects.filter(subject=f"replica/{ib_a.pk}", message__contains="no request in flight").exists()
+
+
+def test_a_lost_nodes_replica_stops_at_the_grace_with_requests_still_in_flight(seeds_cluster, settings, monkeypatch):
+    settings.LLMGW_STOP_GRACE = 60
+    ib_a = _ready_pair(seeds_cluster)
+    monkeypatch.setattr(hooks, "inflight_providers", [lambda *, replica_id: 3])
+    node_transition(node_name="node02", to=NodeStatus.LOST, reason="test")
+    services.replicas_node_lost(node_name="node02")
+    _ago(ib_a, 59)
+    services.replicas_quiesce()
+    assert _desired("node01") == [str(ib_a.pk)]
+    _ago(ib_a, 61)
+    services.replicas_quiesce()
+    assert _desired("node01") == []
+    assert Event.objects.filter(subject=f"replica/{ib_a.pk}", message__contains="3 request(s) still in flight").exists()
+
+
+def test_an_exited_engine_stops_its_replicas_other_members_at_once(seeds_cluster, monkeypatch):
+    """The group is broken: nothing left to finish, whatever is counted in flight."""
+    ib_a = _ready_pair(seeds_cluster)
+    monkeypatch.setattr(hooks, "inflight_providers", [lambda *, replica_id: 1])
+    rank1 = ib_a.members.get(rank=1)
+    _report(seeds_cluster["node02"], **{rank1.member_id: ("exited", False)})
+    ib_a.refresh_from_db()
+    assert ib_a.status == ReplicaStatus.FAILED and ib_a.quiesced
+    assert _desired("node01") == []
 
 
 def test_fabric_less_node_never_gets_a_multi_node_member():

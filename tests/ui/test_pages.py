@@ -285,3 +285,26 @@ def test_missing_gpus_and_claims_in_conflict_are_marked(admin_client_ui, small_c
     assert 'id="gpu-conflicts"' in admin_client_ui.get("/nodes/node03/").content.decode()
     assert "missing since" in admin_client_ui.get("/nodes/node02/").content.decode()
     assert 'id="gpu-conflicts"' not in admin_client_ui.get("/nodes/node04/").content.decode()
+
+
+def test_a_replica_page_shows_its_engine_reading_or_unknown(admin_client_ui, small_cluster, settings):
+    import json
+    import time
+
+    from gateway import engineload
+    from gateway.inflight import store
+    from replicas.models import Replica
+
+    replica = Replica.objects.get(model__name="llama-70b")
+    client = store().client
+    client.delete(engineload.REDIS_KEY)
+    body = admin_client_ui.get(f"/replicas/{replica.pk}/").content.decode()
+    assert body.count(">unknown<") == 3  # queue, KV use, hit rate: never read
+    reading = {"running": 3, "waiting": 5, "kv_use": 0.425, "prefix_queries": 1000.0, "prefix_hits": 250.0,
+               "cache_tokens": 400000, "at": time.time(), "error": ""}
+    client.hset(engineload.REDIS_KEY, str(replica.pk), json.dumps(reading))
+    try:
+        body = admin_client_ui.get(f"/replicas/{replica.pk}/").content.decode()
+    finally:
+        client.delete(engineload.REDIS_KEY)
+    assert "5 waiting, 3 running" in body and "42.5 %" in body and "25.0 % of prompt tokens" in body

@@ -10,7 +10,8 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from core import selectors as core_selectors
-from nodes import selectors as node_selectors, services as node_services
+from nodes import gpus as gpu_services, selectors as node_selectors, services as node_services
+from nodes.choices import NodeEventKind
 from nodes.models import GpuConflict
 from pki import services as pki_services
 from pki.choices import CertificateKind
@@ -21,6 +22,7 @@ from replicas.models import Drain, GpuAllocation, Member
 
 from ..certificates import cert_states
 from ..cluster import replica_colour
+from ..gpu_charts import node_gpu_charts
 from .access import actor, back, operation, viewer
 from .onboarding import reonboard_context
 
@@ -54,10 +56,12 @@ def _node_context(name: str) -> dict:
     members = list(
         Member.objects.filter(node=node).exclude(state="gone").select_related("replica__model").order_by("replica_id")
     )
+    health = {row["index"]: row for row in node_selectors.gpu_health_list(node_name=node.name)}
     return {
         "node": node,
         "age": node_selectors.age_seconds(seen),
-        "gpus": [(gpu, holders.get(gpu.id), claimed.get(gpu.id)) for gpu in node.gpus.all()],
+        "gpus": [(gpu, holders.get(gpu.id), claimed.get(gpu.id), health.get(gpu.index) if gpu.missing_since is None
+                  else None) for gpu in node.gpus.all()],
         "drain": drain,
         "drain_active": drain is not None and drain.status in DRAIN_ACTIVE,
         "outcomes": outcomes,
@@ -74,6 +78,9 @@ def node_page(request, name: str):
     certificates = Certificate.objects.filter(common_name=name, kind=CertificateKind.CLIENT).order_by("-not_after")
     context["certificates"], context["renewal"] = cert_states(certificates[:10], now=timezone.now())
     context["events"] = core_selectors.event_list(node=name)[:50]
+    context["gpu_charts"], context["gpu_strips"] = node_gpu_charts(name)
+    context["gpu_health_events"] = core_selectors.event_list(node=name).filter(
+        kind__in=[NodeEventKind.GPU_QUARANTINED, NodeEventKind.GPU_CLEARED, NodeEventKind.GPU_XID])[:20]
     if request.user.has_perm("provisioning.run_provisioning"):
         context.update(reonboard_context(context["node"]))
     return render(request, "ui/node.html", context)
@@ -82,6 +89,14 @@ def node_page(request, name: str):
 @viewer("nodes.view_node")
 def node_live(request, name: str):
     return render(request, "ui/partials/node_live.html", _node_context(name))
+
+
+@operation("nodes.change_node")
+def node_gpu_clear(request, name: str, index: int):
+    gpu = gpu_services.gpu_clear(node_name=name, index=index, actor=actor(request))
+    messages.success(request, f"GPU {index} ({gpu.uuid}) of {name} is back in service: new replicas may be placed "
+                              "on it. Its next readings quarantine it again if it is still failing.")
+    return back(request)
 
 
 @operation("nodes.change_node")

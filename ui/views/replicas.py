@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
+import time
 
 from django.contrib import messages
 from django.db.models import Count
@@ -10,6 +12,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 
 from core.models import Event
+from gateway.selectors import engine_readings
 from replicas import catalog
 from replicas.choices import WANTED, ReplicaStatus
 from replicas.envmask import env_masked
@@ -18,6 +21,8 @@ from replicas.models import CatalogEntry, Member, Replica
 from ..catalog_preview import catalog_parse, catalog_preview, field_errors
 from ..cluster import replica_colour
 from .access import actor, back, operation, viewer
+
+logger = logging.getLogger(__name__)
 
 UPLOAD_MAX = 1024 * 1024
 
@@ -66,7 +71,26 @@ def replica_page(request, replica_id: int):
         m.command = " ".join(shlex.quote(str(a)) for a in m.argv)
         m.env_text = "\n".join(f"{k}={v}" for k, v in sorted(env_masked(m.env).items()))
     history = Event.objects.filter(subject=f"replica/{replica.pk}").order_by("-created_at", "-id")[:100]
-    return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history})
+    return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history,
+                                               "engine": _engine_reading(replica.pk)})
+
+
+def _engine_reading(replica_id: int) -> dict | None:
+    """The gateways' last reading of the replica's engine metrics, for the page (None: unknown)."""
+    try:
+        reading = engine_readings(replica_ids=[replica_id]).get(replica_id)
+    except Exception:  # Redis away: the page still shows, with the figures unknown
+        logger.warning("replica page: engine readings unavailable", exc_info=True)
+        return None
+    if reading is None or reading.get("error"):
+        return {"error": reading.get("error", "") if reading else "", "at": reading.get("at") if reading else None}
+    queries, hits = reading.get("prefix_queries"), reading.get("prefix_hits")
+    return {
+        "waiting": reading.get("waiting"), "running": reading.get("running"),
+        "kv_percent": None if reading.get("kv_use") is None else round(reading["kv_use"] * 100, 1),
+        "hit_percent": round(hits / queries * 100, 1) if queries and hits is not None else None,
+        "age": max(0.0, round(time.time() - reading.get("at", 0.0), 1)),
+    }
 
 
 @operation("replicas.change_catalogentry")
