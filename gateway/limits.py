@@ -7,8 +7,9 @@ script in Redis that checks every limit and, only when all hold, counts the
 request and reserves an estimate of its tokens; when the answer ends, a
 second script settles the reservation to the tokens the engine reported and
 releases the concurrency slot. Scripts from concurrent requests are sent in
-one pipeline per event-loop turn, so a burst costs one round trip, and
-nothing about a key without limits touches Redis.
+one pipeline per event-loop turn, so a burst costs one round trip; a settle
+waits up to ``SETTLE_DELAY`` to ride with the next admission. Nothing about
+a key without limits touches Redis.
 
 Windows are fixed UTC minutes, days and months: within a minute at most RPM
 requests are admitted, whichever processes admit them. Without Redis (the
@@ -45,6 +46,8 @@ REASONS = {RPM: "requests per minute", TPM: "tokens per minute", CONCURRENT: "co
            DAILY: "daily token budget", MONTHLY: "monthly token budget"}
 # A concurrency slot a crashed process never gave back frees itself after this long.
 CONCURRENCY_TTL = 3600
+# How long a settle waits to share the next admission's round trip.
+SETTLE_DELAY = 0.002
 
 _ADMIT = """
 local limits = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
@@ -223,6 +226,7 @@ class RedisLimiter:
         self._sha: tuple[str, str] | None = None
         self._pending: list[tuple[str, tuple, asyncio.Future | None]] = []
         self._flushing: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     async def _shas(self) -> tuple[str, str]:
         if self._sha is None:
@@ -231,7 +235,21 @@ class RedisLimiter:
 
     def _send(self, which: str, args: tuple, future: asyncio.Future | None) -> None:
         self._pending.append((which, args, future))
-        if self._flushing is None or self._flushing.done():
+        if self._flushing is not None and not self._flushing.done():
+            return  # the running flush takes it on its next lap
+        if future is None:
+            # A settle waits a moment for the next admission's pipeline (one round trip for both), or
+            # goes alone after SETTLE_DELAY: a concurrency slot comes back at most that much later.
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_DELAY, self._kick)
+            return
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending and (self._flushing is None or self._flushing.done()):
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
@@ -297,6 +315,7 @@ class RedisLimiter:
         self._send("settle", (4, keys[1], keys[2], keys[3], keys[4], tokens - verdict.estimate, *flags), None)
 
     async def close(self) -> None:
+        self._kick()
         if self._flushing is not None:
             try:
                 await self._flushing
