@@ -44,7 +44,7 @@ async def run(limiter, requests: int, concurrency: int) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--requests", type=int, default=20000)
     args = parser.parse_args()
     import django
