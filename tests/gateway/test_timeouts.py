@@ -167,3 +167,15 @@ def test_no_retry_once_a_byte_reached_the_client(gateway_web, make_replica, fake
     # Every broken stream stayed broken: the good engine took only the requests routed to it.
     assert len(good.requests) == 10 - broken
     assert len(dying.requests) == broken
+
+
+def test_catalog_timeouts_are_strict():
+    from replicas.validation import CatalogEntryInvalid, catalog_entry_clean
+
+    entry = {"name": "m", "engine": "sim", "model": "/m"}
+    assert catalog_entry_clean({**entry, "timeouts": {"ttft": 30, "idle": None}})["timeouts"] == {"ttft": 30.0}
+    for bad, word in (({"tfft": 3}, "did you mean ttft"), ({"ttft": -1}, "greater than or equal to 0"),
+                      ({"total": "x"}, "valid number")):
+        with pytest.raises(CatalogEntryInvalid) as refused:
+            catalog_entry_clean({**entry, "timeouts": bad})
+        assert word in str(refused.value.errors["timeouts"])
