@@ -50,6 +50,7 @@ def _bench_gateway():
 
     spec = importlib.util.spec_from_file_location("bench_gateway", Path(__file__).resolve().parent / "gateway.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gateway"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
