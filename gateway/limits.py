@@ -118,17 +118,23 @@ class Windows:
     month_ends: float
 
 
+_MINUTE: list = [None, None]  # [minute, (day, month, day ends, month ends)]: the calendar, once a minute
+
+
 def windows(key_id: int, now: float) -> Windows:
     minute = int(now // 60)
-    day = int(now // 86400)
-    utc = time.gmtime(now)
-    month = utc.tm_year * 100 + utc.tm_mon
-    next_month = dt.datetime(utc.tm_year + (utc.tm_mon == 12), utc.tm_mon % 12 + 1, 1, tzinfo=dt.timezone.utc)
+    if _MINUTE[0] != minute:
+        day = int(now // 86400)
+        utc = time.gmtime(now)
+        next_month = dt.datetime(utc.tm_year + (utc.tm_mon == 12), utc.tm_mon % 12 + 1, 1, tzinfo=dt.timezone.utc)
+        _MINUTE[1] = (day, utc.tm_year * 100 + utc.tm_mon, (day + 1) * 86400.0,
+                      float(calendar.timegm(next_month.timetuple())))
+        _MINUTE[0] = minute
+    day, month, day_ends, month_ends = _MINUTE[1]
     base = f"llmgw:limit:{key_id}:"
     return Windows(
         keys=(f"{base}r:{minute}", f"{base}t:{minute}", f"{base}c", f"{base}d:{day}", f"{base}m:{month}"),
-        minute_ends=(minute + 1) * 60.0, day_ends=(day + 1) * 86400.0,
-        month_ends=float(calendar.timegm(next_month.timetuple())),
+        minute_ends=(minute + 1) * 60.0, day_ends=day_ends, month_ends=month_ends,
     )
 
 
