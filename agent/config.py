@@ -71,6 +71,13 @@ class SupervisorConfig:
     log_lines: int = 512
     stop_timeout: float = 60.0
     health_interval: float = 2.0
+    # Crash-loop backoff: an engine that fails at start is started again after
+    # restart_backoff, then twice that, ..., at most restart_backoff_max. An
+    # engine without a health check has failed at start when it exits within
+    # start_window of starting; one with a health check, before it passed it.
+    restart_backoff: float = 1.0
+    restart_backoff_max: float = 60.0
+    start_window: float = 60.0
     engine_user: str = ""  # empty: engines run as the agent (agent.engine_user)
 
 
@@ -115,7 +122,8 @@ TELEMETRY_KEYS = ("source", "interval", "sim_dir")
 TLS_KEYS = ("ca", "cert", "key")
 FABRIC_KEYS = ("name", "hcas")
 DISCOVERY_KEYS = ("nvidia_smi", "ib_root", "prefer_nvml", "skip_gpus")
-SUPERVISOR_KEYS = ("work_dir", "log_lines", "stop_timeout", "health_interval")
+SUPERVISOR_KEYS = ("work_dir", "log_lines", "stop_timeout", "health_interval", "restart_backoff",
+                   "restart_backoff_max", "start_window")
 
 _TLS_HINT = "as written by 'llmgw ctl cert issue-client NODE --out DIR' (DIR/ca.pem, DIR/NODE.pem, DIR/NODE-key.pem)"
 
@@ -372,6 +380,10 @@ def _read_supervisor(r: _Reader, value: Any) -> SupervisorConfig:
         log_lines=r.integer(data, "log_lines", "supervisor.log_lines", default.log_lines, minimum=1),
         stop_timeout=r.duration(data, "stop_timeout", "supervisor.stop_timeout", default.stop_timeout),
         health_interval=r.duration(data, "health_interval", "supervisor.health_interval", default.health_interval),
+        restart_backoff=r.duration(data, "restart_backoff", "supervisor.restart_backoff", default.restart_backoff),
+        restart_backoff_max=r.duration(data, "restart_backoff_max", "supervisor.restart_backoff_max",
+                                       default.restart_backoff_max),
+        start_window=r.duration(data, "start_window", "supervisor.start_window", default.start_window),
     )
 
 

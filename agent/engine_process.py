@@ -113,6 +113,11 @@ class EngineProcess:
         self.replacement: DesiredMember | None = None  # start this once stopped
         self.health_future = None
         self.next_health_at = 0.0
+        self.started_at = time.monotonic()
+        # Crash-loop backoff (agent.supervisor): restarts so far, and when the
+        # next is due while it waits (None: not waiting).
+        self.restarts = 0
+        self.restart_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -128,8 +133,13 @@ class EngineProcess:
 
     # --- starting and adopting -----------------------------------------------------
 
+    @property
+    def backing_off(self) -> bool:
+        return self.restart_at is not None
+
     @classmethod
-    def launch(cls, spec: DesiredMember, work_dir: Path, *, user: EngineUser | None = None) -> "EngineProcess":
+    def launch(cls, spec: DesiredMember, work_dir: Path, *, user: EngineUser | None = None,
+               restarts: int = 0) -> "EngineProcess":
         directory = work_dir / spec.member
         directory.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable if i == 0 and a == PYTHON_PLACEHOLDER else a for i, a in enumerate(spec.argv)]
@@ -155,11 +165,13 @@ class EngineProcess:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 log.write(f"--- llmgw-agent could not start it: {exc}\n".encode())
                 engine = cls(spec, directory, None, exit_code=code, exited=True)
+                engine.restarts = restarts
                 engine.write_record()
                 logger.error("engine start failed member=%s replica=%s: %s", spec.member, spec.replica, exc)
                 return engine
         identity = process_identity(popen.pid) or ProcessIdentity(popen.pid, -1, "")
         engine = cls(spec, directory, identity, popen=popen)
+        engine.restarts = restarts
         engine.write_record()
         logger.info(
             "engine started member=%s replica=%s rank=%d pid=%d gpus=%s",
@@ -181,17 +193,23 @@ class EngineProcess:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logger.warning("engine record unreadable dir=%s: %s; ignoring it", directory, exc)
             return None
+        restarts = record.get("restarts") if isinstance(record.get("restarts"), int) else 0
         if record.get("exited") or identity is None:
-            return cls(spec, directory, identity, adopted=True, exit_code=record.get("exit_code"), exited=True)
+            engine = cls(spec, directory, identity, adopted=True, exit_code=record.get("exit_code"), exited=True)
+            engine.restarts = restarts
+            return engine
         if is_running(identity):
             logger.info("engine adopted member=%s replica=%s pid=%d", spec.member, spec.replica, identity.pid)
-            return cls(spec, directory, identity, adopted=True)
+            engine = cls(spec, directory, identity, adopted=True)
+            engine.restarts = restarts
+            return engine
         # Gone while the agent was away, or the pid now belongs to a stranger.
         logger.warning(
             "engine member=%s pid=%d exited while the agent was not running; exit code unknown",
             spec.member, identity.pid,
         )
         engine = cls(spec, directory, identity, adopted=True, exited=True)
+        engine.restarts = restarts
         engine.write_record()
         return engine
 
@@ -203,6 +221,7 @@ class EngineProcess:
             "boot_id": self.identity.boot_id if self.identity else None,
             "exited": self.exited,
             "exit_code": self.exit_code,
+            "restarts": self.restarts,
         }
         tmp = self.directory / (RECORD_FILE + ".tmp")
         tmp.write_text(json.dumps(record, indent=1))
@@ -239,7 +258,9 @@ class EngineProcess:
         return True
 
     def report(self, log_lines: int, log_bytes: int) -> EngineState:
-        if self.exited:
+        if self.exited and self.backing_off:
+            state = "backoff"
+        elif self.exited:
             state = "exited"
         elif self.spec.health_url and not self.ever_healthy:
             state = "starting"
@@ -254,6 +275,7 @@ class EngineProcess:
             exit_code=self.exit_code,
             healthy=self.healthy and not self.exited,
             log_tail=tail_lines(self.directory / LOG_FILE, log_lines, max_bytes=log_bytes) if log_bytes else [],
+            restarts=self.restarts,
         )
 
     # --- stopping ------------------------------------------------------------------

@@ -43,7 +43,9 @@ PROTOCOL_VERSION = 1
 
 API_PREFIX = "/agent/v1"
 
-ENGINE_STATES = ("starting", "running", "exited")
+# "backoff": its engine failed at start and the agent restarts it after a
+# growing delay (EngineState.restarts says how many times it has so far).
+ENGINE_STATES = ("starting", "running", "exited", "backoff")
 
 # The node id is also the hostname, the VM name and the certificate's common
 # name: an RFC 1123 label, lowercase (dots allowed, as in a short FQDN).
@@ -250,6 +252,7 @@ class EngineState:
     exit_code: int | None = None
     healthy: bool = False
     log_tail: list[str] = field(default_factory=list)
+    restarts: int = 0  # times the agent restarted it after it failed at start
 
 
 # Where a telemetry block's readings came from: NVML, nvidia-smi's query

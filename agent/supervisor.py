@@ -3,9 +3,18 @@
 Level-triggered: ``converge`` is given the whole desired state each time and
 starts what is missing, stops what is no longer wanted (SIGTERM to the
 group, SIGKILL after ``stop_timeout``), restarts what changed, and leaves the
-rest alone. An engine that exits on its own is not restarted: it is reported
-with its exit code, and the control plane decides (a member of a multi-node
-replica cannot simply rejoin its group).
+rest alone. An engine that exits on its own once it has served is not
+restarted: it is reported with its exit code, and the control plane decides
+(a member of a multi-node replica cannot simply rejoin its group).
+
+An engine that fails at start (exits with a status above 0 before it passed
+its health check, or within ``start_window`` of starting when it has none;
+not one killed by a signal) is started again after a
+delay that doubles each time, from ``restart_backoff`` up to
+``restart_backoff_max`` (Kubernetes' CrashLoopBackOff): it is reported as
+``backoff`` with its exit code, last lines and restart count meanwhile, and
+the control plane fails its replica after a bound (LLMGW_ENGINE_START_ATTEMPTS)
+rather than letting it spin.
 
 One thread drives it (``converge`` and ``tick``); ``report`` may be called
 from another.
@@ -65,7 +74,7 @@ class Supervisor:
         """What is worth reporting at once about the engines: when it differs
         from the last one sent, the agent reports without waiting."""
         return tuple(
-            (e.name, e.pid, e.exited, e.exit_code, e.healthy, e.ever_healthy, e.stopping)
+            (e.name, e.pid, e.exited, e.exit_code, e.healthy, e.ever_healthy, e.stopping, e.restarts, e.backing_off)
             for e in sorted(self.engines().values(), key=lambda e: e.name)
         )
 
@@ -122,7 +131,34 @@ class Supervisor:
                     if replacement is not None:
                         self._engines[name] = EngineProcess.launch(replacement, self.work_dir, user=self.engine_user)
                     continue
+                if engine.exited:
+                    self._crash_loop(name, engine, now)
+                    continue
                 self._check_health(engine, now)
+
+    def _failed_at_start(self, engine: EngineProcess, now: float) -> bool:
+        if engine.adopted or engine.ever_healthy:
+            return False  # it served (or we cannot tell): the control plane decides
+        if engine.exit_code is None or engine.exit_code <= 0:
+            return False  # stopped, or killed by a signal: not a start that failed
+        if engine.spec.health_url:
+            return True
+        return now - engine.started_at < self.config.start_window
+
+    def _crash_loop(self, name: str, engine: EngineProcess, now: float) -> None:
+        """Restart an engine that failed at start, after its backoff."""
+        if engine.restart_at is None:
+            if not self._failed_at_start(engine, now):
+                return
+            delay = min(self.config.restart_backoff_max, self.config.restart_backoff * 2 ** engine.restarts)
+            engine.restart_at = now + delay
+            logger.warning("engine member=%s failed at start (exit code %s); restart %d in %.1fs",
+                           name, engine.exit_code, engine.restarts + 1, delay)
+            return
+        if now >= engine.restart_at:
+            self._drop(name)
+            self._engines[name] = EngineProcess.launch(engine.spec, self.work_dir, user=self.engine_user,
+                                                       restarts=engine.restarts + 1)
 
     def _check_health(self, engine: EngineProcess, now: float) -> None:
         future = engine.health_future

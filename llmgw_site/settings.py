@@ -296,6 +296,12 @@ LLMGW_SPREAD = env.bool("LLMGW_SPREAD", default=True)
 # at most this many at once; LLMGW_DEFRAG=0 keeps every placement where it is.
 LLMGW_DEFRAG = env.bool("LLMGW_DEFRAG", default=True)
 LLMGW_DEFRAG_MAX_MOVES = env.int("LLMGW_DEFRAG_MAX_MOVES", default=2)
+# A rollout fails (the old revision keeps serving) once this many replicas of
+# the new revision failed before becoming ready (replicas/rollout.py).
+LLMGW_ROLLOUT_MAX_FAILURES = env.int("LLMGW_ROLLOUT_MAX_FAILURES", default=3)
+# A replica fails once an engine of it failed at start this many times (its
+# agent restarts it with a growing delay in between: crash-loop backoff).
+LLMGW_ENGINE_START_ATTEMPTS = env.int("LLMGW_ENGINE_START_ATTEMPTS", default=5)
 LLMGW_PORT_MIN = env.int("LLMGW_PORT_MIN", default=20000)
 LLMGW_PORT_MAX = env.int("LLMGW_PORT_MAX", default=29999)
 # A gap this long in the control plane's own hearing (agent API or sweep not

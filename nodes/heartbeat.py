@@ -72,7 +72,7 @@ def engines_hash(engines: Any) -> str:
         return _digest(engines)
     return _digest(
         [
-            [e.get(k) for k in ("member", "replica", "rank", "state", "pid", "exit_code", "healthy")]
+            [e.get(k) for k in ("member", "replica", "rank", "state", "pid", "exit_code", "healthy", "restarts")]
             if isinstance(e, dict)
             else e
             for e in engines

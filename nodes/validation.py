@@ -134,6 +134,7 @@ LIMITS: dict[str, dict[str, Any]] = {
     "EngineState.pid": {"min_value": 0, "max_value": INT32_MAX},
     "EngineState.exit_code": {"min_value": -INT32_MAX - 1, "max_value": INT32_MAX},
     "EngineState.log_tail": {"max_length": 2000, "child": {"allow_blank": True}},
+    "EngineState.restarts": {"min_value": 0, "max_value": INT32_MAX},
     "Heartbeat.agent_version": {"max_length": 64},
     "Heartbeat.mgmt_addr": {"max_length": 255, "allow_blank": True},
     "Heartbeat.mgmt_interface": {"max_length": 64, "allow_blank": True},

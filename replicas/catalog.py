@@ -20,6 +20,8 @@ from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
 from .envmask import env_unmask
 from .models import CatalogEntry
+from .revisions import revision_current
+from .rollout import rollout_begin
 from .scheduling import model_never_fits
 from .validation import MAX_REPLICAS, CatalogEntryInvalid, admin_only_problems, catalog_entry_clean
 
@@ -28,7 +30,8 @@ logger = logging.getLogger(__name__)
 # model_scale_bounds's arguments are the policy's names.
 min_, max_ = min, max
 
-FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale", "timeouts")
+FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale", "max_surge",
+          "max_unavailable", "timeouts")
 
 
 class CatalogInvalid(ValueError):
@@ -175,6 +178,7 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
             else:
                 result["unchanged"].append(model.name)
                 continue
+            model_revise(model=model, actor=actor)
             model_refresh_fit(model=model, never=model_never_fits(model))
         if prune:
             wanted = {d["name"] for d in clean}
@@ -191,6 +195,19 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
                              data={"actor": actor} if actor else None)
         reconcile_after_commit()
     return result
+
+
+def model_revise(*, model: CatalogEntry, actor: str = "") -> None:
+    """Record the entry's revision; when its launch changed, roll it out to
+    the replicas running the previous one (replicas.rollout). The entry's
+    row is locked."""
+    previous = model.revision
+    current = revision_current(model)
+    if previous and current.number != previous:
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}",
+                     message=f"{model.name}: revision {previous} -> {current.number}",
+                     data={"revision": current.number, "previous": previous})
+        rollout_begin(model=model, previous=previous, actor=actor)
 
 
 def model_refresh_fit(*, model: CatalogEntry, never: str | None) -> None:
@@ -313,6 +330,7 @@ def catalog_upsert(*, entry: dict[str, Any], admin: bool = True) -> None:
             model.save()
         event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}",
                      message=f"catalog: {model.name} {'created' if created else 'updated'}")
+        model_revise(model=model)
         model_refresh_fit(model=model, never=model_never_fits(model))
         reconcile_after_commit()
 

@@ -47,6 +47,7 @@ class MemberState(models.TextChoices):
     PENDING = "pending"  # in the node's desired state, not reported yet
     STARTING = "starting"
     RUNNING = "running"
+    BACKOFF = "backoff"  # its engine failed at start; its agent restarts it after a growing delay
     EXITED = "exited"
     GONE = "gone"  # no longer on the node: its GPUs and ports are free
 
@@ -83,6 +84,26 @@ class DrainOutcome(models.TextChoices):
     RELEASED = "released"  # the drain ended before it moved; it keeps running here
 
 
+class RolloutStatus(models.TextChoices):
+    RUNNING = "running"
+    PAUSED = "paused"  # by an operator: no new replacement starts; those under way finish
+    FAILED = "failed"  # the new revision's replicas kept failing; the old ones serve
+    DONE = "done"
+    SUPERSEDED = "superseded"  # another change of the model started a new rollout
+
+
+ROLLOUT_TRANSITIONS: dict[str, set[str]] = {
+    RolloutStatus.RUNNING: {RolloutStatus.PAUSED, RolloutStatus.FAILED, RolloutStatus.DONE, RolloutStatus.SUPERSEDED},
+    RolloutStatus.PAUSED: {RolloutStatus.RUNNING, RolloutStatus.DONE, RolloutStatus.SUPERSEDED},
+    # Resuming a failed rollout tries again with a fresh failure budget.
+    RolloutStatus.FAILED: {RolloutStatus.RUNNING, RolloutStatus.SUPERSEDED},
+    RolloutStatus.DONE: set(),
+    RolloutStatus.SUPERSEDED: set(),
+}
+# Not over: at most one per model (a constraint on Rollout).
+ROLLOUT_OPEN = frozenset({RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.FAILED})
+
+
 class ReplicaEventKind(models.TextChoices):
     """The kinds of Event replicas records (registered with core in ReplicasConfig.ready)."""
 
@@ -91,3 +112,4 @@ class ReplicaEventKind(models.TextChoices):
     REPLICA_PENDING = "replica.pending"
     DRAIN = "drain"
     AUTOSCALE = "autoscale"
+    ROLLOUT = "rollout"

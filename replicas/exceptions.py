@@ -7,3 +7,8 @@ class InvalidReplicaTransition(InvalidTransition):
 
 class InvalidDrainTransition(InvalidTransition):
     """A drain status change DRAIN_TRANSITIONS does not allow."""
+
+
+class InvalidRolloutTransition(InvalidTransition):
+    """A rollout status change ROLLOUT_TRANSITIONS does not allow, or an
+    operator's pause, resume or undo that does not apply now (a 409)."""

@@ -3,7 +3,7 @@ from django.db import models
 
 from nodes.models import Fabric, Gpu, Node
 
-from .choices import DrainStatus, Engine, MemberState, ReplicaStatus, RoutingPolicy
+from .choices import DrainStatus, Engine, MemberState, ReplicaStatus, RolloutStatus, RoutingPolicy
 
 MODEL_NAME = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
@@ -35,6 +35,13 @@ class CatalogEntry(models.Model):
     autoscale = models.JSONField(null=True, blank=True, default=None)
     # When the autoscaler last changed ``replicas`` (its cooldown runs from here).
     autoscaled_at = models.DateTimeField(null=True, blank=True)
+    # How a change of the launch (replicas.revisions) reaches running replicas
+    # (replicas.rollout): replacements at once, and replicas down at once when
+    # there is no room for a replacement first (0: wait for room).
+    max_surge = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_unavailable = models.PositiveSmallIntegerField(default=1)
+    # The number of the current ModelRevision (0: none recorded yet).
+    revision = models.PositiveIntegerField(default=0)
     # The gateway's timeouts for this model (gateway/timeouts.py): connect, ttft, idle, total in
     # seconds; null or absent: the settings' defaults.
     timeouts = models.JSONField(null=True, blank=True, default=None)
@@ -60,8 +67,34 @@ class CatalogEntry(models.Model):
         return self.name
 
 
+class ModelRevision(models.Model):
+    """What a catalog entry launched as, once: the launch-relevant fields
+    (replicas.revisions.LAUNCH_FIELDS), their digest and a number that only
+    grows per model. Each replica records the revision it was made from."""
+
+    model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    digest = models.CharField(max_length=64)
+    spec = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "number"], name="%(app_label)s_%(class)s_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} revision {self.number}"
+
+
 class Replica(models.Model):
     model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="replica_set")
+    # The revision of the model it launches as (None: made before revisions
+    # were recorded, or by a test; it then launches as the entry is now).
+    # RESTRICT: a revision a replica runs stays, unless the model (and so the replica) goes.
+    revision = models.ForeignKey(ModelRevision, on_delete=models.RESTRICT, null=True, blank=True,
+                                 related_name="replicas")
     status = models.CharField(max_length=16, choices=ReplicaStatus.choices, default=ReplicaStatus.PENDING)
     status_changed_at = models.DateTimeField()
     status_reason = models.TextField(blank=True)
@@ -69,6 +102,10 @@ class Replica(models.Model):
     fabric = models.ForeignKey(Fabric, on_delete=models.PROTECT, null=True, blank=True, related_name="replicas")
     # Set by a drain: the model gets a replacement, and this one stops once it is ready.
     draining = models.BooleanField(default=False)
+    # Set with draining by a rollout: its replacement runs the new revision.
+    rolling = models.BooleanField(default=False)
+    # Why it failed, kept once it has stopped (its status_reason moves on).
+    failed_reason = models.TextField(blank=True)
     # A stopping replica keeps running until the gateways have no request in
     # flight on it (bounded by LLMGW_STOP_GRACE); then its members are stopped.
     quiesced = models.BooleanField(default=False)
@@ -103,6 +140,8 @@ class Member(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     healthy = models.BooleanField(default=False)
     log_tail = models.JSONField(default=list, blank=True)
+    # Times its agent restarted an engine that failed at start (crash-loop backoff).
+    restarts = models.PositiveIntegerField(default=0)
     reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -170,3 +209,42 @@ class Drain(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pk} of {self.node.name}"
+
+
+class Rollout(models.Model):
+    """A model's replicas moving from one revision to another, ``max_surge``
+    at a time, each replacement ready before its original stops; a row so a
+    person can watch it, pause, resume or undo it."""
+
+    model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="rollouts")
+    from_revision = models.PositiveIntegerField()
+    to_revision = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=RolloutStatus.choices, default=RolloutStatus.RUNNING)
+    status_changed_at = models.DateTimeField(auto_now_add=True)
+    status_reason = models.TextField(blank=True)
+    # What it waits for now, in words (rewritten at every step).
+    waiting_for = models.TextField(blank=True)
+    failures = models.PositiveIntegerField(default=0)
+    # Replicas of the new revision that failed before ever being ready count
+    # from here (reset when a failed rollout is resumed).
+    counting_since = models.DateTimeField(auto_now_add=True)
+    updated = models.PositiveIntegerField(default=0)
+    wanted = models.PositiveIntegerField(default=0)
+    log = models.JSONField(default=list, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=RolloutStatus.values),
+                                   name="%(app_label)s_%(class)s_status_valid"),
+            models.UniqueConstraint(
+                fields=["model"], condition=models.Q(status__in=["running", "paused", "failed"]),
+                name="%(app_label)s_%(class)s_one_open_per_model",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} revision {self.from_revision} -> {self.to_revision}"

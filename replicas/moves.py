@@ -27,6 +27,7 @@ from core.events import event_record
 from . import defrag, placement
 from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, Replica
+from .revisions import replica_launch
 from .scheduling import PlacementConflict, cluster_snapshot, placements_persist
 from .services import replica_transition
 
@@ -39,10 +40,11 @@ GIVE_UP = "; "
 
 
 def moves_in_flight():
-    """Replicas being moved to make room: draining, not for a node's drain,
-    and still holding their GPUs (placed, or stopping with members left)."""
+    """Replicas being moved to make room: draining, not for a node's drain
+    nor a rollout (replicas.rollout), and still holding their GPUs (placed,
+    or stopping with members left)."""
     return (
-        Replica.objects.filter(draining=True)
+        Replica.objects.filter(draining=True, rolling=False)
         .filter(Q(status__in=PLACED) | Q(status=ReplicaStatus.STOPPING, members__state__in=[
             s for s in MemberState.values if s != MemberState.GONE]))
         .exclude(members__node__drains__status__in=DRAIN_ACTIVE)
@@ -66,9 +68,8 @@ def moves_finish() -> int:
 
 
 def _movable() -> list[defrag.Movable]:
-    rows = Member.objects.filter(
-        replica__status=ReplicaStatus.READY, replica__draining=False, replica__model__nodes=1,
-    ).values_list("replica_id", "replica__model__name", "node__name", "gpus")
+    single = Q(replica__revision__isnull=True, replica__model__nodes=1) | Q(replica__revision__spec__nodes=1)
+    rows = Member.objects.filter(single, replica__status=ReplicaStatus.READY, replica__draining=False).values_list("replica_id", "replica__model__name", "node__name", "gpus")
     return [defrag.Movable(replica_id, model, node, tuple(gpus)) for replica_id, model, node, gpus in rows]
 
 
@@ -101,7 +102,8 @@ def move_start(*, move: defrag.Move, target: Replica, fabric: str | None) -> boo
             if original is None:
                 return False
             Replica.objects.filter(pk=original.pk).update(draining=True)
-            replacement = Replica.objects.create(model=model, status=ReplicaStatus.PENDING,
+            # A move keeps the launch: the replacement runs the original's revision.
+            replacement = Replica.objects.create(model=model, status=ReplicaStatus.PENDING, revision=original.revision,
                                                  status_changed_at=timezone.now())
             event_record(
                 kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{original.pk}",
@@ -123,14 +125,14 @@ def moves_plan() -> int:
     the first plan's moves (up to the setting). Returns the moves started."""
     pending = list(
         Replica.objects.filter(status=ReplicaStatus.PENDING, model__never_fits_reason="", model__removing=False)
-        .select_related("model").order_by("id")[:PLANNED_PER_PASS]
+        .select_related("model", "revision").order_by("id")[:PLANNED_PER_PASS]
     )
     if not pending:
         return 0
     snapshot = cluster_snapshot()
     movable = _movable()
     for replica in pending:
-        model = replica.model
+        model = replica_launch(replica)
         request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
         result = placement.place(request, snapshot)
         if not isinstance(result, placement.Unplaceable) or result.never:

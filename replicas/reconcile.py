@@ -17,10 +17,10 @@ from core.events import event_record
 from nodes.choices import LIVE
 from nodes.services import nodes_desired_changed
 
-from . import drain, moves, respread, spread
+from . import drain, moves, respread, rollout, spread
 from .catalog import model_refresh_fit
 from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
-from .models import CatalogEntry, Member, Replica
+from .models import CatalogEntry, Member, ModelRevision, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
 from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
 
@@ -38,6 +38,9 @@ def replicas_reconcile() -> None:
     # model one short, and the model's reconcile creates the replacement.
     for drain_id in list(drain.drains_active()):
         drain.drain_step(drain_id=drain_id, may_block=False)
+    # Rollouts likewise: an original marked for replacing makes its model one
+    # short, and the model's reconcile creates its replacement.
+    rollout.rollouts_step()
     for model_id in list(CatalogEntry.objects.values_list("pk", flat=True)):
         model_reconcile(model_id=model_id)
     replicas_schedule_pending()
@@ -47,6 +50,8 @@ def replicas_reconcile() -> None:
     # is called blocked only on what is true now.
     for drain_id in list(drain.drains_active()):
         drain.drain_step(drain_id=drain_id)
+    # Again, now that replacements were placed or found no room.
+    rollout.rollouts_step()
     replicas_quiesce()
     members_nudge()
     snapshot = cluster_snapshot()
@@ -66,9 +71,11 @@ def model_reconcile(*, model_id: int) -> None:
             Replica.objects.filter(model=model, status__in=[ReplicaStatus.PENDING, *PLACED], draining=False).order_by("id")
         )
         missing = model.replicas - len(counted)
+        revision = rollout.revision_for_new_replicas(model)
         if missing > 0:
             for _ in range(missing):
-                replica = Replica.objects.create(model=model, status=ReplicaStatus.PENDING, status_changed_at=timezone.now())
+                replica = Replica.objects.create(model=model, revision=revision, status=ReplicaStatus.PENDING,
+                                                 status_changed_at=timezone.now())
                 event_record(
                     kind=ReplicaEventKind.REPLICA_STATUS,
                     subject=f"replica/{replica.pk}",
@@ -76,7 +83,12 @@ def model_reconcile(*, model_id: int) -> None:
                     data={"model": model.name, "replica": replica.pk, "to": "pending"},
                 )
         elif missing < 0:
-            extra = _scale_down_order(counted)[: -missing]
+            # Pending first, then those not on the revision new replicas get, each
+            # group in the order that best keeps the model spread (a stable sort).
+            digests = dict(ModelRevision.objects.filter(model=model).values_list("pk", "digest"))
+            extra = sorted(_scale_down_order(counted), key=lambda r: (
+                r.status != ReplicaStatus.PENDING, digests.get(r.revision_id, revision.digest) == revision.digest,
+            ))[: -missing]
             for replica in extra:
                 to = ReplicaStatus.STOPPED if replica.status == ReplicaStatus.PENDING else ReplicaStatus.STOPPING
                 replica_transition(replica_id=replica.pk, to=to, reason=f"{model.name} scaled to {model.replicas}")

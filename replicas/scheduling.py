@@ -26,6 +26,7 @@ from .choices import PLACED, ReplicaEventKind, ReplicaStatus
 from .engines import member_ports
 from .launch import member_launch
 from .models import CatalogEntry, GpuAllocation, Member, PortAllocation, Replica
+from .revisions import replica_launch
 from .selectors import members_wanted
 from .services import replicas_transition_scheduled
 
@@ -46,7 +47,7 @@ def _orphaned_nodes(nodes: list[Node]) -> set[str]:
     orphaned = set()
     for node in nodes:
         for engine in node.engines or []:
-            if engine.get("state") != "exited" and engine.get("member") not in wanted[node.name]:
+            if engine.get("state") not in ("exited", "backoff") and engine.get("member") not in wanted[node.name]:
                 orphaned.add(node.name)
     return orphaned
 
@@ -160,7 +161,8 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         members: list[Member] = []
         port_plan: list[dict[str, int]] = []
         for replica, plan in items:
-            model = replica.model
+            # Launched as its revision says, not as the entry is now (replicas.revisions).
+            model = replica_launch(replica)
             planned = []
             for rank, spec in enumerate(plan.members):
                 node = nodes[spec.node]
@@ -247,7 +249,8 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
     transaction. Returns how many were placed."""
     placed = 0
     for _ in range(attempts):
-        pending = list(Replica.objects.filter(status=ReplicaStatus.PENDING).select_related("model").order_by("id"))
+        pending = list(Replica.objects.filter(status=ReplicaStatus.PENDING).select_related("model", "revision")
+                       .order_by("id"))
         if not pending:
             return placed
         snapshot = cluster_snapshot()
@@ -255,7 +258,7 @@ def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
         notes: list[tuple[Replica, str, Event]] = []
         conflict = False
         for index, replica in enumerate(pending):
-            model = replica.model
+            model = replica_launch(replica)
             request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
             result = placement.place(request, snapshot)
             if isinstance(result, placement.Unplaceable):

@@ -27,7 +27,7 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
     """The members a node should run: its wanted members."""
     members = (
         members_wanted().filter(node__name=node_name)
-        .select_related("replica__model")
+        .select_related("replica__model", "replica__revision")
         .order_by("replica_id", "rank")
     )
     return [
@@ -36,7 +36,8 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
             "replica": str(m.replica_id),
             "model": m.replica.model.name,
             "rank": m.rank,
-            "engine": m.replica.model.engine,
+            # The engine of the revision it launched as (replicas.revisions).
+            "engine": m.replica.revision.spec["engine"] if m.replica.revision_id else m.replica.model.engine,
             "argv": m.argv,
             "env": m.env,
             "gpus": m.gpus,
@@ -58,7 +59,7 @@ def node_replica_counts() -> dict[str, int]:
 
 
 def replica_list(*, model: str | None = None, include_stopped: bool = False):
-    replicas = Replica.objects.select_related("model", "fabric").prefetch_related(
+    replicas = Replica.objects.select_related("model", "fabric", "revision").prefetch_related(
         Prefetch("members", queryset=Member.objects.select_related("node").order_by("rank"))
     )
     if model:
@@ -69,7 +70,8 @@ def replica_list(*, model: str | None = None, include_stopped: bool = False):
 
 
 def model_list():
-    return CatalogEntry.objects.prefetch_related("replica_set")
+    return CatalogEntry.objects.prefetch_related(
+        Prefetch("replica_set", queryset=Replica.objects.select_related("revision")), "revisions")
 
 
 def drain_list(*, node: str | None = None):

@@ -85,6 +85,10 @@ class ReplicaStates(StateMachine):
         if to == ReplicaStatus.SCHEDULED:
             replica.pending_reason = ""
             return ["pending_reason"]
+        if to == ReplicaStatus.FAILED:
+            # Counted by a rollout when it was never ready (replicas.rollout).
+            replica.failed_reason = replica.status_reason
+            return ["failed_reason"]
         return []
 
     def changed(self, replica: Replica, previous: str, to: str) -> None:
@@ -176,6 +180,23 @@ def _replica_settle(replica: Replica) -> None:
     members = list(replica.members.select_related("node").order_by("rank"))
     if replica.status in PLACED:
         exited = [m for m in members if m.state == MemberState.EXITED]
+        # An engine in crash-loop backoff: once it had served (its replica
+        # ready) it exited as any other; at start, its agent restarts it, and
+        # the replica fails once it has failed LLMGW_ENGINE_START_ATTEMPTS times.
+        looping = [m for m in members if m.state == MemberState.BACKOFF]
+        if looping and replica.status == ReplicaStatus.READY:
+            exited = exited or looping
+        elif looping and not exited:
+            m = max(looping, key=lambda m: m.restarts)
+            if m.restarts + 1 >= settings.LLMGW_ENGINE_START_ATTEMPTS:
+                last = next((line for line in reversed(m.log_tail or []) if line.strip()), "")
+                code = "an unknown status" if m.exit_code is None else f"status {m.exit_code}"
+                replica_fail(
+                    replica_id=replica.pk,
+                    reason=f"rank {m.rank} on {m.node.name} failed at start {m.restarts + 1} times (exited with "
+                    f"{code}), giving up" + (f": {last}" if last else ""),
+                )
+            return
         if exited:
             m = exited[0]
             last = next((line for line in reversed(m.log_tail or []) if line.strip()), "")
@@ -227,7 +248,7 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
         engine = reported.get(member.member_id)
         if member.replica.status not in PLACED:
             # Stopping or failed: once its engine is gone, its GPUs are free.
-            if engine is None or engine["state"] == "exited":
+            if engine is None or engine["state"] in ("exited", "backoff"):
                 freed += member_release(member=member, reason="stopped by its agent")
                 touched.add(member.replica_id)
             continue
@@ -238,13 +259,15 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
                 member.save(update_fields=["state", "healthy"])
                 touched.add(member.replica_id)
             continue
-        state = {"starting": MemberState.STARTING, "running": MemberState.RUNNING}.get(engine["state"], MemberState.EXITED)
+        state = {"starting": MemberState.STARTING, "running": MemberState.RUNNING,
+                 "backoff": MemberState.BACKOFF}.get(engine["state"], MemberState.EXITED)
         changes = {
             "state": state,
             "pid": engine.get("pid"),
             "exit_code": engine.get("exit_code"),
             "healthy": bool(engine.get("healthy")) and state == MemberState.RUNNING,
             "log_tail": engine.get("log_tail") or [],
+            "restarts": engine.get("restarts") or 0,
         }
         if any(getattr(member, k) != v for k, v in changes.items() if k != "log_tail") or state == MemberState.EXITED:
             touched.add(member.replica_id)
@@ -257,7 +280,7 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
     # A member whose engine its live node reports exited holds nothing any
     # more: once its replica has failed, its GPUs and ports are free now, not
     # when the replica's other members (perhaps on a dead node) have stopped.
-    exited = [m for m in members if m.state == MemberState.EXITED]
+    exited = [m for m in members if m.state in (MemberState.EXITED, MemberState.BACKOFF)]
     if exited:
         failed = set(Replica.objects.filter(pk__in={m.replica_id for m in exited}).exclude(status__in=PLACED)
                      .values_list("pk", flat=True))

@@ -23,7 +23,7 @@ from .models import MODEL_NAME, CatalogEntry
 
 # What an operator writes; the other fields are the control plane's.
 ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale",
-                "timeouts"]
+                "max_surge", "max_unavailable", "timeouts"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -86,6 +86,10 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
     # null (or absent): a fixed replica count; a mapping: the autoscaling policy.
     autoscale = PolicyFields(required=False, allow_null=True, default=None)
+    # A rollout's pace (replicas.rollout_plan): replacements at once; replicas
+    # down at once when there is no room to start a replacement first.
+    max_surge = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+    max_unavailable = serializers.IntegerField(min_value=0, max_value=1000, default=1)
     timeouts = TimeoutFields(required=False, allow_null=True, default=None)
 
     class Meta:

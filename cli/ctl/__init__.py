@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import sys
 
-from . import catalog, certs, drain, events, gpus, keys, nodes, onboard, provisioning, tokens, users
+from . import catalog, certs, drain, events, gpus, keys, nodes, onboard, provisioning, rollout, tokens, users
 from .common import CtlError
 
-AREAS = (certs, nodes, gpus, events, catalog, drain, keys, provisioning, onboard, users, tokens)
+AREAS = (certs, nodes, gpus, events, catalog, drain, rollout, keys, provisioning, onboard, users, tokens)
 
 
 def add_ctl_parser(sub) -> None:

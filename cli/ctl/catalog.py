@@ -70,19 +70,29 @@ def _model_row(m: dict) -> list[object]:
     counts = m["replica_counts"]
     notes = m["never_fits_reason"] or "; ".join(m["pending_reasons"])
     want = m["replicas"] if not m.get("autoscale") else f"{m['replicas']} ({m['autoscale']['min']}-{m['autoscale']['max']})"
-    return [m["name"], m["engine"], f"{m['nodes']}x{m['gpus_per_node']}", want,
-            counts.get("ready", 0), counts.get("pending", 0), notes]
+    return [m["name"], m["engine"], f"{m['nodes']}x{m['gpus_per_node']}", m.get("revision", "-"), want,
+            counts.get("ready", 0), m.get("ready_current", "-"), counts.get("pending", 0), notes]
 
 
 def _models(args) -> int:
     return print_listing(args, api_call("GET", "/api/v1/models/"),
-                         ["model", "engine", "shape", "want", "ready", "pending", "notes"], _model_row)
+                         ["model", "engine", "shape", "rev", "want", "ready", "on-rev", "pending", "notes"], _model_row)
 
 
 def _replica_row(r: dict) -> list[object]:
     where = " ".join(f"{m['node']}[{','.join(map(str, m['gpus']))}]" for m in r["members"]) or "-"
     note = r["pending_reason"] if r["status"] == "pending" else r["status_reason"]
-    return [r["id"], r["model"], r["status"] + (" (draining)" if r["draining"] else ""), r["fabric"] or "-", where, note]
+    backing_off = [m for m in r["members"] if m.get("state") == "backoff"]
+    if backing_off:
+        m = backing_off[0]
+        last = next((line for line in reversed(m.get("log_tail") or []) if line.strip()), "")
+        note = (f"rank {m['rank']} on {m['node']}: engine exited with status {m['exit_code']} at start, "
+                f"restarted {m['restarts']} time(s), backing off" + (f": {last}" if last else ""))
+    elif r["status"] == "stopped" and r.get("failed_reason"):
+        note = f"failed: {r['failed_reason']}"
+    state = r["status"] + (" (replacing)" if r.get("rolling") else " (draining)" if r["draining"] else "")
+    revision = r.get("revision")
+    return [r["id"], r["model"], "-" if revision is None else revision, state, r["fabric"] or "-", where, note]
 
 
 def _replicas(args) -> int:
@@ -92,4 +102,4 @@ def _replicas(args) -> int:
     if args.all:
         params["all"] = "1"
     return print_listing(args, api_call("GET", "/api/v1/replicas/", params=params),
-                         ["replica", "model", "state", "fabric", "members", "why"], _replica_row)
+                         ["replica", "model", "rev", "state", "fabric", "members", "why"], _replica_row)

@@ -4,7 +4,7 @@ from core.strict import StrictInput
 
 from ..choices import ReplicaStatus
 from ..envmask import env_masked
-from ..models import CatalogEntry, Drain, Member, Replica
+from ..models import CatalogEntry, Drain, Member, Replica, Rollout
 from ..validation import ENTRY_FIELDS, MAX_REPLICAS, CatalogEntryFields
 
 
@@ -18,7 +18,7 @@ class MemberSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Member
-        fields = ["member", "node", "rank", "gpus", "ports", "state", "healthy", "pid", "exit_code",
+        fields = ["member", "node", "rank", "gpus", "ports", "state", "healthy", "pid", "exit_code", "restarts",
                   "serves_http", "health_url", "argv", "env", "log_tail", "reported_at"]
 
     def to_representation(self, instance):
@@ -32,20 +32,23 @@ class ReplicaSerializer(serializers.ModelSerializer):
     # A single-node replica on a node with no fabric has none.
     fabric = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     members = MemberSerializer(many=True, read_only=True)
+    # The revision of its model it launched as (replicas.revisions); null for a replica made before revisions.
+    revision = serializers.IntegerField(source="revision.number", read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = Replica
-        fields = ["id", "model", "status", "status_changed_at", "status_reason", "pending_reason", "fabric",
-                  "draining", "created_at", "ready_at", "members"]
+        fields = ["id", "model", "revision", "status", "status_changed_at", "status_reason", "pending_reason",
+                  "failed_reason", "fabric", "draining", "rolling", "created_at", "ready_at", "members"]
 
 
 class ModelSerializer(serializers.ModelSerializer):
     replica_counts = serializers.SerializerMethodField()
     pending_reasons = serializers.SerializerMethodField()
+    ready_current = serializers.SerializerMethodField()
 
     class Meta:
         model = CatalogEntry
-        fields = [*ENTRY_FIELDS,
+        fields = [*ENTRY_FIELDS, "revision", "ready_current",
                   "never_fits_reason", "removing", "replica_counts", "pending_reasons", "created_at", "updated_at"]
 
     def to_representation(self, instance):
@@ -60,12 +63,41 @@ class ModelSerializer(serializers.ModelSerializer):
                 counts[replica.status] += 1
         return counts
 
+    def get_ready_current(self, model) -> int:
+        """Ready replicas running the model's current revision."""
+        digest = next((rev.digest for rev in model.revisions.all() if rev.number == model.revision), None)
+        return sum(1 for r in model.replica_set.all()
+                   if r.status == ReplicaStatus.READY and (r.revision is None or r.revision.digest == digest))
+
     def get_pending_reasons(self, model) -> list[str]:
         return sorted({r.pending_reason for r in model.replica_set.all() if r.status == "pending" and r.pending_reason})
 
 
 _COUNT_ERRORS = {"min_value": "must be {min_value} or more", "max_value": "must be {max_value} or less",
                  "invalid": "must be a whole number"}
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Rollout
+        fields = ["id", "model", "from_revision", "to_revision", "status", "status_reason", "waiting_for",
+                  "updated", "wanted", "failures", "actor", "log", "started_at", "status_changed_at", "finished_at"]
+
+
+class RolloutStatusSerializer(serializers.Serializer):
+    """A model's revision and its latest rollout (none if it never had one)."""
+
+    model = serializers.CharField()
+    revision = serializers.IntegerField()
+    wanted = serializers.IntegerField()
+    ready = serializers.IntegerField(help_text="ready replicas, whatever their revision")
+    ready_current = serializers.IntegerField(help_text="ready replicas on the current revision")
+    max_surge = serializers.IntegerField()
+    max_unavailable = serializers.IntegerField()
+    max_failures = serializers.IntegerField(help_text="LLMGW_ROLLOUT_MAX_FAILURES")
+    rollout = RolloutSerializer(allow_null=True)
 
 
 class ScaleSerializer(StrictInput, serializers.Serializer):

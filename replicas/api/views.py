@@ -1,3 +1,4 @@
+from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -8,7 +9,7 @@ from rest_framework.views import APIView
 from accounts.actors import actor
 from core.strict import no_body
 
-from .. import catalog, drain, selectors
+from .. import catalog, drain, rollout, selectors
 from .serializers import (
     CatalogApplySerializer,
     DrainCreateSerializer,
@@ -16,6 +17,7 @@ from .serializers import (
     ModelSerializer,
     ModelWriteSerializer,
     ReplicaSerializer,
+    RolloutStatusSerializer,
     ScaleSerializer,
 )
 
@@ -35,6 +37,11 @@ class ModelViewSet(viewsets.ModelViewSet):
     required_permissions = {
         "create": ("replicas.add_catalogentry", "replicas.change_catalogentry"),
         "scale": ("replicas.change_catalogentry",),
+        "rollout_status": ("replicas.view_catalogentry",),
+        # Steering a rollout is operating the model.
+        "rollout_pause": ("replicas.change_catalogentry",),
+        "rollout_resume": ("replicas.change_catalogentry",),
+        "rollout_undo": ("replicas.change_catalogentry",),
     }
 
     def get_queryset(self):
@@ -87,6 +94,43 @@ class ModelViewSet(viewsets.ModelViewSet):
         except catalog.CatalogInvalid as exc:
             return _catalog_error(exc)
         return Response(ModelSerializer(self.get_queryset().get(name=name)).data)
+
+
+    def _rollout(self, name):
+        model, latest = rollout.rollout_latest(name=name)
+        counts = rollout.replicas_by_revision(model)
+        return Response(RolloutStatusSerializer({
+            "model": model.name, "revision": model.revision, "wanted": model.replicas, **counts,
+            "max_surge": model.max_surge, "max_unavailable": model.max_unavailable,
+            "max_failures": settings.LLMGW_ROLLOUT_MAX_FAILURES, "rollout": latest,
+        }).data)
+
+    @extend_schema(responses=RolloutStatusSerializer)
+    @action(detail=True, methods=["get"], url_path="rollout")
+    def rollout_status(self, request, name=None):
+        """The model's revision, its ready replicas on it, and its latest rollout: progress, what it waits for."""
+        return self._rollout(name)
+
+    @extend_schema(request=None, responses=RolloutStatusSerializer)
+    @action(detail=True, methods=["post"], url_path="rollout/pause")
+    def rollout_pause(self, request, name=None):
+        """Hold the running rollout: no new replacement starts (those under way finish). 409 if none runs."""
+        rollout.rollout_pause(name=name, actor=actor(request))
+        return self._rollout(name)
+
+    @extend_schema(request=None, responses=RolloutStatusSerializer)
+    @action(detail=True, methods=["post"], url_path="rollout/resume")
+    def rollout_resume(self, request, name=None):
+        """Carry on a paused rollout, or try a failed one again. 409 if there is none."""
+        rollout.rollout_resume(name=name, actor=actor(request))
+        return self._rollout(name)
+
+    @extend_schema(request=None, responses=RolloutStatusSerializer)
+    @action(detail=True, methods=["post"], url_path="rollout/undo")
+    def rollout_undo(self, request, name=None):
+        """Back to the previous revision (a new revision number), rolled out like any change. 409 if there is none."""
+        rollout.rollout_undo(name=name, actor=actor(request))
+        return self._rollout(name)
 
 
 class CatalogApplyView(APIView):

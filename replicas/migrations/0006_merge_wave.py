@@ -6,5 +6,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("replicas", "0005_route20_catalogentry_routing"),
         ("replicas", "0005_scale21_autoscale"),
+        ("replicas", "0005_churn27_failed_quiesced"),
+        ("replicas", "0005_roll26_revisions_rollouts"),
     ]
     operations = []

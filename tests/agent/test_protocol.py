@@ -38,7 +38,7 @@ def test_unknown_fields_are_ignored_at_every_level():
     beat["gpus"][0]["temperature_c"] = 41
     beat["hcas"][0]["numa_node"] = 1
     beat["fabrics"][0]["subnet_manager"] = "opensm"
-    beat["engines"] = [{"member": "m1", "replica": "r1", "rank": 0, "state": "running", "restarts": 2}]
+    beat["engines"] = [{"member": "m1", "replica": "r1", "rank": 0, "state": "running", "oom_kills": 2}]
     assert Heartbeat.from_dict({**beat, **NEWER}) == Heartbeat(**{
         **example_heartbeat().__dict__,
         "engines": [EngineState(member="m1", replica="r1", rank=0, state="running")],

@@ -6,6 +6,7 @@ drive the supervisor directly with a DesiredState.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -81,7 +82,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 def test_an_exit_is_reported_with_its_code_and_not_restarted(config):
-    supervisor = Supervisor(config)
+    # Past its start window: it served, so its exit is the control plane's to handle.
+    supervisor = Supervisor(dataclasses.replace(config, start_window=0.0))
     desired = DesiredState(version=1, members=[python_member("m-1", "print('bye'); raise SystemExit(7)")])
     supervisor.converge(desired)
     state = settle(supervisor, lambda: (s := state_of(supervisor, "m-1")) and s.state == "exited" and s)
@@ -213,3 +215,53 @@ def test_log_tail_is_bounded_in_bytes(config):
     supervisor.converge(DesiredState(version=2))
     settle(supervisor, lambda: not supervisor.report(), message="stopped")
 
+
+
+def test_a_failure_at_start_is_restarted_with_exponential_backoff(config):
+    """CrashLoopBackOff: 0.2 s, 0.4 s, 0.8 s, capped at 0.8 s; reported as
+    backoff with the exit status, the last lines and the restart count."""
+    config = dataclasses.replace(config, restart_backoff=0.2, restart_backoff_max=0.8)
+    supervisor = Supervisor(config)
+    code = "import sys; print('error: unrecognized arguments: --bogus', flush=True); sys.exit(2)"
+    desired = DesiredState(version=1, members=[python_member("m-1", code)])
+    supervisor.converge(desired)
+    starts, seen = [], set()
+    deadline = time.monotonic() + 20
+    while len(starts) < 5 and time.monotonic() < deadline:
+        supervisor.tick()
+        engine = supervisor.engines()["m-1"]
+        if engine.restarts not in seen:
+            seen.add(engine.restarts)
+            starts.append(time.monotonic())
+        time.sleep(0.02)
+    assert len(starts) == 5, starts
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4 and gaps[2] >= 0.8 and gaps[3] >= 0.8, gaps
+    assert gaps[3] < 1.6, f"the delay is capped at restart_backoff_max: {gaps}"
+    state = settle(supervisor, lambda: (s := state_of(supervisor, "m-1")) and s.state == "backoff" and s)
+    assert state.exit_code == 2 and state.restarts >= 4
+    assert "error: unrecognized arguments: --bogus" in state.log_tail
+    # No longer wanted: it is dropped, not restarted again.
+    supervisor.converge(DesiredState(version=2))
+    settle(supervisor, lambda: state_of(supervisor, "m-1") is None, message="dropped")
+
+
+def test_an_engine_that_served_is_not_restarted(config):
+    """With a health check: failed at start only before it first passed it."""
+    port = free_port()
+    code = (
+        "import http.server, threading, time, sys\n"
+        f"s = http.server.HTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler)\n"
+        "threading.Thread(target=s.serve_forever, daemon=True).start()\n"
+        "time.sleep(1.0); sys.exit(1)\n"
+    )
+    config = dataclasses.replace(config, restart_backoff=0.1)
+    supervisor = Supervisor(config)
+    member = python_member("m-1", code, health_url=f"http://127.0.0.1:{port}/")
+    supervisor.converge(DesiredState(version=1, members=[member]))
+    settle(supervisor, lambda: supervisor.engines()["m-1"].ever_healthy, message="healthy once")
+    state = settle(supervisor, lambda: (s := state_of(supervisor, "m-1")) and s.state == "exited" and s)
+    for _ in range(10):
+        supervisor.tick()
+        time.sleep(0.05)
+    assert state_of(supervisor, "m-1").state == "exited" and state.restarts == 0

@@ -23,7 +23,7 @@ from replicas.choices import ReplicaEventKind
 KINDS_BEFORE = {
     "node.registered": "nodes", "node.status": "nodes", "node.inventory": "nodes",
     "gpu.conflict": "nodes", "gpu.missing": "nodes", "control_plane": "core", "model": "replicas",
-    "replica.status": "replicas", "replica.pending": "replicas", "drain": "replicas",
+    "replica.status": "replicas", "replica.pending": "replicas", "drain": "replicas", "rollout": "replicas",
     "provisioning": "provisioning", "account": "accounts",
 }
 

@@ -23,10 +23,10 @@ from nodes.choices import NodeStatus
 from nodes.heartbeat import node_heartbeat
 from nodes.models import Node
 from nodes.services import node_transition, node_uncordon
-from replicas import drain, reconcile, services
+from replicas import drain, reconcile, rollout, services
 from replicas.catalog import catalog_apply, model_scale
 from replicas.choices import PLACED, MemberState
-from replicas.models import Drain, GpuAllocation, Member, PortAllocation
+from replicas.models import CatalogEntry, Drain, GpuAllocation, Member, PortAllocation
 from replicas.selectors import members_wanted
 from tests.control_plane import heartbeat_payload
 
@@ -86,15 +86,18 @@ class Load:
         node_heartbeat(node_name=node, payload={**self.payloads[node], "engines": engines})
 
 
+ENTRIES = {
+    "pair": {"name": "pair", "engine": "sim", "model": "/m/pair", "nodes": 2, "gpus_per_node": 4, "replicas": 2},
+    "single": {"name": "single", "engine": "sim", "model": "/m/single", "nodes": 1, "gpus_per_node": 2, "replicas": 3},
+}
+
+
 def test_heartbeats_reconciles_and_drains_do_not_deadlock():
     load = Load()
     for name in NODES:
         node_heartbeat(node_name=name, payload=load.payloads[name])
     assert Node.objects.filter(status=NodeStatus.READY).count() == len(NODES)
-    catalog_apply(entries=[
-        {"name": "pair", "engine": "sim", "model": "/m/pair", "nodes": 2, "gpus_per_node": 4, "replicas": 2},
-        {"name": "single", "engine": "sim", "model": "/m/single", "nodes": 1, "gpus_per_node": 2, "replicas": 3},
-    ])
+    catalog_apply(entries=list(ENTRIES.values()))
     reconcile.replicas_reconcile()
 
     def heartbeats(nodes):
@@ -134,6 +137,22 @@ def test_heartbeats_reconciles_and_drains_do_not_deadlock():
         model_scale(name=rng.choice(["pair", "single"]), replicas=rng.randint(1, 3))
         time.sleep(rng.uniform(0.2, 0.8))
 
+    def rollouts(rng):
+        # A launch change (a rollout), steered: paused, resumed, undone.
+        name = rng.choice(["pair", "single"])
+        entry = ENTRIES[name]
+        catalog_apply(entries=[{**e, "replicas": CatalogEntry.objects.get(name=n).replicas}
+                               for n, e in ENTRIES.items() if n != name]
+                      + [{**entry, "replicas": CatalogEntry.objects.get(name=name).replicas,
+                          "args": ["--token-delay", f"0.0{rng.randint(1, 9)}"]}])
+        time.sleep(rng.uniform(0.1, 0.5))
+        for steer in rng.sample([rollout.rollout_pause, rollout.rollout_resume, rollout.rollout_undo], 2):
+            try:
+                steer(name=name, actor="lock-order")
+            except InvalidTransition:
+                pass  # nothing to pause or resume now: a 409, not an error
+            time.sleep(rng.uniform(0.1, 0.4))
+
     threads = [
         load.run("heartbeats-a", heartbeats(NODES[0::3])),
         load.run("heartbeats-b", heartbeats(NODES[1::3])),
@@ -143,6 +162,7 @@ def test_heartbeats_reconciles_and_drains_do_not_deadlock():
         load.run("drains", drains),
         load.run("lost", lost_and_back),
         load.run("scaling", scaling),
+        load.run("rollouts", rollouts),
     ]
     time.sleep(SECONDS)  # the scenario: this much mixed load, then every thread must stop
     load.stop.set()

@@ -13,10 +13,11 @@ from django.shortcuts import redirect, render
 
 from core.models import Event
 from gateway.selectors import engine_readings
-from replicas import catalog
+from replicas import catalog, rollout
 from replicas.choices import WANTED, ReplicaStatus
 from replicas.envmask import env_masked
 from replicas.models import CatalogEntry, Member, Replica
+from replicas.revisions import replica_launch
 
 from ..catalog_preview import catalog_parse, catalog_preview, field_errors
 from ..cluster import replica_colour
@@ -38,12 +39,13 @@ def _models_context() -> dict:
     for model in CatalogEntry.objects.all():
         c = counts.get(model.pk, {})
         models.append({
-            "model": model, "ready": c.get(ReplicaStatus.READY, 0), "pending": c.get(ReplicaStatus.PENDING, 0),
+            "model": model, "ready": c.get(ReplicaStatus.READY, 0),
+            "ready_current": rollout.replicas_by_revision(model)["ready_current"], "pending": c.get(ReplicaStatus.PENDING, 0),
             "starting": c.get(ReplicaStatus.SCHEDULED, 0) + c.get(ReplicaStatus.STARTING, 0),
             "reason": model.never_fits_reason or reasons.get(model.pk, ""),
         })
     replicas = list(
-        Replica.objects.exclude(status=ReplicaStatus.STOPPED).select_related("model", "fabric")
+        Replica.objects.exclude(status=ReplicaStatus.STOPPED).select_related("model", "fabric", "revision")
         .prefetch_related("members__node").order_by("model__name", "id")
     )
     for replica in replicas:
@@ -72,7 +74,8 @@ def replica_page(request, replica_id: int):
         m.env_text = "\n".join(f"{k}={v}" for k, v in sorted(env_masked(m.env).items()))
     history = Event.objects.filter(subject=f"replica/{replica.pk}").order_by("-created_at", "-id")[:100]
     return render(request, "ui/replica.html", {"replica": replica, "members": members, "events": history,
-                                               "engine": _engine_reading(replica.pk)})
+                                               "engine": _engine_reading(replica.pk),
+                                               "launch": replica_launch(replica)})
 
 
 def _engine_reading(replica_id: int) -> dict | None:
