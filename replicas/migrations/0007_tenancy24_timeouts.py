@@ -7,8 +7,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('replicas', '0006_merge_wave'),
-        ('replicas', '0005_churn27_failed_quiesced'),  # integ2 had several leaves: this one joins them
-        ('replicas', '0005_roll26_revisions_rollouts'),
     ]
 
     operations = [
