@@ -48,6 +48,7 @@ class Checked:
     # The prompt's prefix blocks (gateway.prefix), for a model routed by cache only.
     blocks: tuple[int, ...] = ()
     user: str | None = None  # the body's "user": a session key
+    max_tokens: int | None = None  # what the body asks for at most (max_completion_tokens or max_tokens)
 
 
 def check(raw: bytes, required: str, streams: bool, hashing: Hashing | None = None) -> Checked:
@@ -72,9 +73,11 @@ def check(raw: bytes, required: str, streams: bool, hashing: Hashing | None = No
         if text:
             blocks = prompt_blocks(text, hashing.block_chars, hashing.max_blocks)
     user = body.get("user")
+    most = body.get("max_completion_tokens", body.get("max_tokens"))
     return Checked(model=model, stream=stream, strip_usage=strip_usage,
                    body=encode(body) if strip_usage else None, blocks=blocks,
-                   user=user if isinstance(user, str) and user else None)
+                   user=user if isinstance(user, str) and user else None,
+                   max_tokens=most if type(most) is int else None)
 
 
 def _depth_limit() -> int:

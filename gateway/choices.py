@@ -21,6 +21,21 @@ class ErrorKind(models.TextChoices):
     STREAM_BROKEN = "stream_broken"
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal_error"
+    RATE_LIMITED = "rate_limit_exceeded"  # a key's RPM, TPM or concurrency (gateway/limits.py)
+    QUOTA_EXCEEDED = "insufficient_quota"  # a key's daily or monthly token budget
+    KEY_EXPIRED = "key_expired"
+    QUEUE_FULL = "queue_full"  # every replica at capacity and the gateway's queue full or waited too long
+
+
+class Priority(models.TextChoices):
+    """A key's class in the gateway's queue (gateway/queue.py): served in this order."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
+PRIORITY_RANK = {Priority.INTERACTIVE: 0, Priority.STANDARD: 1, Priority.BATCH: 2}
 
 
 # OpenAI's error ``type`` for each HTTP status the gateway produces itself.

@@ -10,15 +10,14 @@ from django.http import HttpResponse
 from .choices import ERROR_TYPES
 
 
-def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param, "code": code}}
-    ).encode()
+def error_body(status: int, message: str, code: str, param: str | None = None, type_: str | None = None) -> bytes:
+    kind = type_ or ERROR_TYPES.get(status, "server_error")
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
 
 
 def openai_error(status: int, message: str, code: str, *, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> HttpResponse:
-    return json_response(error_body(status, message, code, param), status=status, headers=headers)
+                 headers: dict[str, str] | None = None, type_: str | None = None) -> HttpResponse:
+    return json_response(error_body(status, message, code, param, type_), status=status, headers=headers)
 
 
 def json_response(body: bytes, *, status: int = 200, content_type: str = "application/json",

@@ -1,6 +1,8 @@
 from django.core.validators import RegexValidator
 from django.db import models
 
+from .choices import Priority
+
 KEY_NAME = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
     "a key name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
@@ -27,6 +29,15 @@ class ApiKey(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Limits (gateway/limits.py), enforced across every gateway process through
+    # Redis; null: none. Tokens are prompt + completion as the engines report them.
+    rpm = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute")
+    tpm = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute")
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True, help_text="requests in flight at once")
+    daily_tokens = models.PositiveBigIntegerField(null=True, blank=True, help_text="token budget per UTC day")
+    monthly_tokens = models.PositiveBigIntegerField(null=True, blank=True, help_text="token budget per UTC month")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    priority = models.CharField(max_length=16, choices=Priority.choices, default=Priority.STANDARD)
 
     class Meta:
         ordering = ["name"]
@@ -56,3 +67,24 @@ class GatewayProcess(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class KeyUsage(models.Model):
+    """A key's usage of one model in one hour (UTC), as the engines reported
+    it: added in batches by every gateway process, never a write per request."""
+
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="hourly_usage")
+    model = models.CharField(max_length=128)
+    hour = models.DateTimeField()
+    requests = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["hour", "key", "model"]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "model", "hour"], name="%(app_label)s_%(class)s_unique_hour"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key_id}/{self.model}@{self.hour:%Y-%m-%d %H}"

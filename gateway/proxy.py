@@ -25,6 +25,7 @@ from .choices import ErrorKind
 from .errors import json_response, openai_error, sse_error
 from .routing import NO_HINTS, Hints, Route
 from .runtime import Gateway
+from .timeouts import Timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ _NO_CONNECTION = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 _RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.ServerDisconnectedError,
               aiohttp.ClientOSError)
 _BROKEN = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# An engine's answers that say it cannot take the request now (overloaded, going away): another replica may.
+_RETRY_STATUSES = frozenset({502, 503})
 
 
 def usage_of(data: bytes) -> tuple[int, int]:
@@ -53,14 +56,26 @@ def usage_of(data: bytes) -> tuple[int, int]:
 
 
 class Attempt:
-    """One request's trip through the gateway, for the metrics and the key's usage."""
+    """One request's trip through the gateway, for the metrics, the key's usage and its limits."""
 
-    __slots__ = ("gw", "key", "model", "endpoint", "started")
+    __slots__ = ("gw", "key", "model", "endpoint", "started", "ticket", "used")
 
-    def __init__(self, gw: Gateway, key, model: str, endpoint: str, started: float) -> None:
+    def __init__(self, gw: Gateway, key, model: str, endpoint: str, started: float, ticket=None) -> None:
         self.gw, self.key, self.model, self.endpoint, self.started = gw, key, model, endpoint, started
+        # The limiter's reservation (gateway.limits.Ticket), settled here once; None: the key has no limits.
+        self.ticket = ticket
+        self.used = (0, 0)  # (prompt, completion) tokens as the engine reported them
 
     def done(self, route: Route | None, code: int, kind: str | None = None) -> None:
+        ticket = self.ticket
+        if ticket is not None and not ticket.settled:
+            ticket.settled = True
+            self.gw.limiter.settle(ticket, self.used[0] + self.used[1])
+        if route is not None and self.key is not None:
+            self.gw.count_hour(self.key, self.model, *self.used)
+        queue = self.gw.queue
+        if queue.models:
+            queue.dispatch(self.gw, self.model)  # a slot came free: the next waiter (gateway/queue.py)
         metrics = self.gw.metrics
         replica = route.label if route is not None else ""
         metrics.request(self.model, replica, self.endpoint, code)
@@ -70,43 +85,48 @@ class Attempt:
             metrics.latency(self.model, replica, time.perf_counter() - self.started)
 
 
+class _Failed(Exception):
+    """An exchange that failed before any byte reached the client; ``retry``: another replica may take it."""
+
+    def __init__(self, status: int, kind: str, message: str, *, retry: bool, down: bool = False,
+                 same: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+        self.retry, self.down, self.same = retry, down, same
+
+
 async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, strip_usage: bool,
                   hints: Hints = NO_HINTS) -> HttpResponse:
+    """Send the request to a replica and answer with what it says. A failure before any byte reached the
+    client (no connection, the engine's 502/503, no first token within the model's TTFT timeout) is tried
+    once more on another replica; nothing is retried once the client has a byte."""
     gw, model = attempt.gw, attempt.model
     route = gw.table.pick(model, hints=hints)
     if route is None:  # the table changed since the caller looked
         return _no_replica(attempt)
-    response = None
+    timeouts = gw.timeouts(model)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    total = started + timeouts.total if timeouts.total else None
     for tries in (1, 2):
         route.inflight += 1
         try:
-            response = await gw.session.post(route.url(path), data=payload, headers=_UPSTREAM_HEADERS)
+            response, first = await _exchange(gw, route, path, payload, stream, timeouts, loop, total)
             break
-        except _RETRYABLE as exc:
+        except _Failed as failed:
             route.inflight -= 1
-            no_connection = isinstance(exc, _NO_CONNECTION)
-            if no_connection:
+            if failed.down:
                 gw.table.mark_down(route)
-            logger.warning("upstream failed before answering model=%s replica=%s url=%s error=%r",
-                           model, route.replica_id, route.base_url, exc)
-            other = gw.table.pick(model, exclude=route) if tries == 1 else None
-            if other is None and tries == 1 and not no_connection:
+            logger.warning("upstream failed before answering model=%s replica=%s url=%s error=%s",
+                           model, route.replica_id, route.base_url, failed.message)
+            other = gw.table.pick(model, exclude=route) if tries == 1 and failed.retry else None
+            if other is None and tries == 1 and failed.same:
                 other = route  # a stale pooled connection: the same replica again, on a new one
             if other is None:
-                timeout = isinstance(exc, aiohttp.ConnectionTimeoutError)
-                kind = ErrorKind.UPSTREAM_TIMEOUT if timeout else ErrorKind.UPSTREAM_UNREACHABLE
-                attempt.done(route, 504 if timeout else 502, kind)
-                return openai_error(
-                    504 if timeout else 502,
-                    f"could not reach a replica of {model} (replica {route.replica_id} at {route.base_url}: {exc})",
-                    kind,
-                )
+                attempt.done(route, failed.status, failed.kind)
+                return openai_error(failed.status, failed.message, failed.kind)
             gw.metrics.retry(model)
             route = other
-        except TimeoutError:
-            route.inflight -= 1
-            attempt.done(route, 504, ErrorKind.UPSTREAM_TIMEOUT)
-            return _timeout(model, route)
         except asyncio.CancelledError:
             route.inflight -= 1
             attempt.done(route, 499, ErrorKind.CLIENT_DISCONNECTED)
@@ -115,44 +135,73 @@ async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, 
             route.inflight -= 1
             raise
     if stream and response.status == 200:
-        return _streaming(attempt, route, response, strip_usage)
-    return await _whole(attempt, route, response)
-
-
-async def _whole(attempt: Attempt, route: Route, response: aiohttp.ClientResponse) -> HttpResponse:
-    """Read the engine's whole answer, then send it with its length."""
-    model = attempt.model
-    read = False
-    try:
-        body = await response.read()
-        read = True
-    except asyncio.CancelledError:
-        attempt.done(route, 499, ErrorKind.CLIENT_DISCONNECTED)
-        raise
-    except TimeoutError:
-        attempt.done(route, 504, ErrorKind.UPSTREAM_TIMEOUT)
-        return _timeout(model, route)
-    except _BROKEN as exc:
-        attempt.done(route, 502, ErrorKind.UPSTREAM_ERROR)
-        return openai_error(502, f"replica {route.replica_id} of {model} broke off its answer: {exc}",
-                            ErrorKind.UPSTREAM_ERROR)
-    finally:
-        route.inflight -= 1
-        if read:
-            response.release()
-        else:
-            response.close()
+        return _streaming(attempt, route, response, first, strip_usage, timeouts, total)
+    route.inflight -= 1
     status = response.status
     if status == 200:
-        attempt.gw.count(attempt.key, *usage_of(body), request=0)
+        attempt.used = usage_of(first)
+        attempt.gw.count(attempt.key, *attempt.used, request=0)
     attempt.done(route, status, ErrorKind.UPSTREAM_ERROR if status >= 500 else None)
-    return json_response(body, status=status, content_type=response.headers.get("Content-Type", "application/json"),
+    return json_response(first, status=status, content_type=response.headers.get("Content-Type", "application/json"),
                          headers={"X-Llmgw-Replica": route.label})
 
 
-def _streaming(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, strip_usage: bool) -> StreamingHttpResponse:
+async def _exchange(gw: Gateway, route: Route, path: str, payload: bytes, stream: bool, timeouts: Timeouts,
+                    loop: asyncio.AbstractEventLoop, total: float | None) -> tuple[aiohttp.ClientResponse, bytes]:
+    """The engine's response and its first bytes (a stream's first chunk, or a whole answer), or _Failed."""
+    model = route.model
+    ttft = loop.time() + timeouts.ttft if stream and timeouts.ttft else None
+    deadline = min(ttft, total) if ttft is not None and total is not None else (ttft or total)
+    response = None
+    try:
+        async with asyncio.timeout_at(deadline):
+            response = await gw.session.post(route.url(path), data=payload, headers=_UPSTREAM_HEADERS,
+                                             timeout=timeouts.client)
+            status = response.status
+            if status in _RETRY_STATUSES:
+                body = await response.read()
+                response.release()
+                raise _Failed(502, ErrorKind.UPSTREAM_ERROR, f"replica {route.replica_id} of {model} answered "
+                              f"{status}: {body[:200].decode(errors='replace')}", retry=True)
+            if stream and status == 200:
+                return response, await response.content.readany()
+            body = await response.read()
+            response.release()
+            return response, body
+    except _Failed:
+        raise
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise _Failed(504, ErrorKind.UPSTREAM_TIMEOUT, f"could not connect to a replica of {model} within "
+                      f"{timeouts.connect:g}s (replica {route.replica_id} at {route.base_url}: {exc})",
+                      retry=True, down=True) from None
+    except _RETRYABLE as exc:
+        no_connection = isinstance(exc, _NO_CONNECTION)
+        raise _Failed(502, ErrorKind.UPSTREAM_UNREACHABLE, f"could not reach a replica of {model} (replica "
+                      f"{route.replica_id} at {route.base_url}: {exc})", retry=True, down=no_connection,
+                      same=not no_connection) from None
+    except TimeoutError:
+        if response is not None:
+            response.close()  # the engine sees the connection go and stops
+        if ttft is not None and (total is None or ttft <= total):
+            raise _Failed(504, ErrorKind.UPSTREAM_TIMEOUT, f"replica {route.replica_id} of {model} sent no first "
+                          f"token within {timeouts.ttft:g}s (the model's TTFT timeout)", retry=True) from None
+        raise _Failed(504, ErrorKind.UPSTREAM_TIMEOUT, f"replica {route.replica_id} of {model} did not finish "
+                      f"within {timeouts.total:g}s (the model's total timeout)", retry=False) from None
+    except _BROKEN as exc:
+        if response is not None:
+            response.close()
+        raise _Failed(502, ErrorKind.UPSTREAM_ERROR, f"replica {route.replica_id} of {model} broke off its "
+                      f"answer: {exc}", retry=True) from None
+    except BaseException:
+        if response is not None:
+            response.close()
+        raise
+
+
+def _streaming(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, first: bytes, strip_usage: bool,
+               timeouts: Timeouts, total: float | None) -> StreamingHttpResponse:
     result = StreamingHttpResponse(
-        _relay(attempt, route, response, strip_usage),
+        _relay(attempt, route, response, first, strip_usage, timeouts, total),
         content_type=response.headers.get("Content-Type", "text/event-stream"),
     )
     result["Cache-Control"] = "no-cache"
@@ -161,30 +210,43 @@ def _streaming(attempt: Attempt, route: Route, response: aiohttp.ClientResponse,
     return result
 
 
-async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, strip_usage: bool) -> AsyncIterator[bytes]:
+async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, first: bytes, strip_usage: bool,
+                 timeouts: Timeouts, total: float | None) -> AsyncIterator[bytes]:
     gw, model = attempt.gw, attempt.model
-    first = True
     finished = False
     code, kind = 200, None
     prompt = completion = 0
+    loop = asyncio.get_running_loop()
+    idle = timeouts.idle
+    content = response.content
+    gw.metrics.ttft(model, route.label, time.perf_counter() - attempt.started)
+    chunk = first
     try:
-        async for chunk in response.content.iter_any():
-            if first:
-                first = False
-                gw.metrics.ttft(model, route.label, time.perf_counter() - attempt.started)
+        while chunk:
             if _USAGE_OBJECT.search(chunk):
                 chunk, used = _take_usage(chunk, strip_usage)
                 prompt, completion = used if used != (0, 0) else (prompt, completion)
-                if not chunk:
-                    continue
-            yield chunk
+            if chunk:
+                yield chunk
+            # The wait for each next chunk is bounded by the idle timeout and what is left of the total
+            # (a scope per read: a timeout must not span a yield, where the client's send runs).
+            deadline = loop.time() + idle if idle else None
+            if total is not None and (deadline is None or total < deadline):
+                deadline = total
+            if deadline is None:
+                chunk = await content.readany()
+            else:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await content.readany()
         finished = True
     except (asyncio.CancelledError, GeneratorExit):
         code, kind = 499, ErrorKind.CLIENT_DISCONNECTED
         raise
     except TimeoutError:
         code, kind = 504, ErrorKind.UPSTREAM_TIMEOUT
-        yield sse_error(f"replica {route.replica_id} of {model} went silent mid-stream", kind, 504)
+        which = (f"sent nothing for {idle:g}s (the model's idle timeout)" if total is None or loop.time() < total
+                 else f"did not finish within {timeouts.total:g}s (the model's total timeout)")
+        yield sse_error(f"replica {route.replica_id} of {model} {which}", kind, 504)
     except _BROKEN as exc:
         code, kind = 502, ErrorKind.STREAM_BROKEN
         logger.warning("stream broken model=%s replica=%s error=%r", model, route.replica_id, exc)
@@ -196,6 +258,7 @@ async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientRespons
         else:
             response.close()  # the engine sees the connection go and stops generating
         gw.count(attempt.key, prompt, completion, request=0)
+        attempt.used = (prompt, completion)
         attempt.done(route, code, kind)
 
 
@@ -211,10 +274,6 @@ def _take_usage(chunk: bytes, strip: bool) -> tuple[bytes, tuple[int, int]]:
                 continue
         kept.append(event)
     return b"\n\n".join(kept) if len(kept) != len(events) else chunk, used
-
-
-def _timeout(model: str, route: Route) -> HttpResponse:
-    return openai_error(504, f"replica {route.replica_id} of {model} did not answer in time", ErrorKind.UPSTREAM_TIMEOUT)
 
 
 def _no_replica(attempt: Attempt) -> HttpResponse:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from yarl import URL
 
 from . import scoring
+from .limits import Limits
 from .metrics import INFLIGHT
 from .prefix import PrefixMemory
 from .selectors import RoutingSnapshot
@@ -68,6 +69,10 @@ class Key:
     id: int
     name: str
     allowed_models: frozenset[str] | None
+    # Tenancy (gateway/limits.py, gateway/queue.py): None: no limits / never expires.
+    limits: Limits | None = None
+    expires_at: float | None = None
+    priority: str = "standard"
 
     def allows(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -83,6 +88,11 @@ class Hints:
 
 
 NO_HINTS = Hints()
+
+
+def key_of(row) -> Key:
+    """The gateway's view of a key row (selectors.KeyRow)."""
+    return Key(row.id, row.name, row.allowed_models, row.limits, row.expires_at, row.priority)
 
 
 class RoutingTable:
@@ -136,7 +146,7 @@ class RoutingTable:
             for replica_id in memory.replicas():
                 if replica_id not in routed:
                     memory.forget(replica_id)
-        self.keys = {k.secret_hash: Key(k.id, k.name, k.allowed_models) for k in snapshot.keys}
+        self.keys = {k.secret_hash: key_of(k) for k in snapshot.keys}
 
     def routed_ids(self) -> list[int]:
         return sorted(r.replica_id for routes in self.by_model.values() for r in routes)

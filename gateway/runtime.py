@@ -32,9 +32,12 @@ from .bodycheck import Checker, Hashing
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY, EngineScraper
 from .metrics import GatewayMetrics
 from .hold import Holds
+from .limits import LocalLimiter, RedisLimiter
 from .load_report import LoadReport
-from .routing import CACHE_AWARE, Key, RoutingTable
+from .routing import CACHE_AWARE, Key, RoutingTable, key_of
+from .queue import GatewayQueue, QueueSettings
 from .scoring import Knobs
+from .timeouts import Timeouts
 from .services import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -80,6 +83,14 @@ class Gateway:
         self.open = settings.LLMGW_GATEWAY_OPEN
         # key id -> [requests, prompt tokens, completion tokens], not yet in the database
         self.usage: dict[int, list[int]] = {}
+        # (key id, model, unix hour) -> [requests, prompt tokens, completion tokens] as engines reported them
+        self.usage_hours: dict[tuple[int, str, int], list[int]] = {}
+        self.queue = GatewayQueue(QueueSettings(
+            most=settings.LLMGW_GATEWAY_QUEUE_MAX, wait=settings.LLMGW_GATEWAY_QUEUE_WAIT,
+            engine_queue=settings.LLMGW_GATEWAY_ENGINE_QUEUE, batch_headroom=settings.LLMGW_GATEWAY_BATCH_HEADROOM))
+        self._model_timeouts: dict[str, dict] = {}
+        self._timeouts: dict[str, Timeouts] = {}
+        self.limiter = RedisLimiter(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL else LocalLimiter()
         self.session: aiohttp.ClientSession | None = None
         self.started = False
         self._starting: asyncio.Future | None = None
@@ -164,6 +175,10 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        try:
+            await self.limiter.close()
+        except Exception:
+            logger.warning("gateway limiter did not close cleanly", exc_info=True)
         self.bodies.close()
         if self.started:
             loop = asyncio.get_running_loop()
@@ -179,9 +194,11 @@ class Gateway:
 
     def _final_writes(self) -> None:
         usage, self.usage = self.usage, {}
+        hours, self.usage_hours = self.usage_hours, {}
         try:
-            if usage:
-                services.key_usage_add(usage={k: tuple(v) for k, v in usage.items()})
+            if usage or hours:
+                services.key_usage_flush(usage={k: tuple(v) for k, v in usage.items()},
+                                         hours={k: tuple(v) for k, v in hours.items()})
             services.gateway_process_forget(name=self.name)
             self.load.forget(self)
         except Exception:
@@ -234,7 +251,7 @@ class Gateway:
                 while len(self._unknown_keys) > UNKNOWN_KEYS_MAX:
                     self._unknown_keys.popitem(last=False)
                 return None
-            self.table.keys[digest] = Key(row.id, row.name, row.allowed_models)
+            self.table.keys[digest] = key_of(row)
         else:
             try:
                 await asyncio.shield(pending)
@@ -250,6 +267,17 @@ class Gateway:
             self.usage[key.id] = [request, prompt, completion]
         else:
             row[0] += request
+            row[1] += prompt
+            row[2] += completion
+
+    def count_hour(self, key: Key, model: str, prompt: int, completion: int) -> None:
+        """One answered request of ``key`` on ``model``, with the tokens its engine reported."""
+        slot = (key.id, model, int(time.time() // 3600))
+        row = self.usage_hours.get(slot)
+        if row is None:
+            self.usage_hours[slot] = [1, prompt, completion]
+        else:
+            row[0] += 1
             row[1] += prompt
             row[2] += completion
 
@@ -303,22 +331,40 @@ class Gateway:
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
             await loop.run_in_executor(self._db, services.gateway_processes_prune)
-        if self.usage and now - self._flushed_at >= USAGE_FLUSH_EVERY:
+        if (self.usage or self.usage_hours) and now - self._flushed_at >= USAGE_FLUSH_EVERY:
             usage, self.usage = self.usage, {}
+            hours, self.usage_hours = self.usage_hours, {}
             self._flushed_at = now
+
             try:
-                await loop.run_in_executor(
-                    self._db, lambda: services.key_usage_add(usage={k: tuple(v) for k, v in usage.items()}))
+                await loop.run_in_executor(self._db, lambda: services.key_usage_flush(
+                    usage={k: tuple(v) for k, v in usage.items()}, hours={k: tuple(v) for k, v in hours.items()}))
             except Exception:
+                # Both batches are written in one transaction: on failure, neither was; keep them for the next flush.
                 for key_id, (requests, prompt, completion) in usage.items():
                     self.count(Key(key_id, "", None), prompt, completion, requests)
+                for slot, counts in hours.items():
+                    row = self.usage_hours.setdefault(slot, [0, 0, 0])
+                    for i in range(3):
+                        row[i] += counts[i]
                 raise
 
     def _apply(self, snapshot: selectors.RoutingSnapshot) -> None:
         self.table.apply(snapshot)
+        self.queue.capacity = dict(snapshot.batch_limits)
+        if snapshot.timeouts != self._model_timeouts:
+            self._model_timeouts = dict(snapshot.timeouts)
+            self._timeouts = {}
         hashed = frozenset(m for m, p in self.table.policies.items() if p == CACHE_AWARE)
         self.hashing = Hashing(hashed, settings.LLMGW_ROUTING_BLOCK_CHARS,
                                settings.LLMGW_ROUTING_MAX_BLOCKS) if hashed else None
+
+    def timeouts(self, model: str) -> Timeouts:
+        """The model's timeouts: its catalog entry's over the settings' defaults (made once per table load)."""
+        found = self._timeouts.get(model)
+        if found is None:
+            found = self._timeouts[model] = Timeouts.of(self._model_timeouts.get(model))
+        return found
 
     # --- engine load ----------------------------------------------------------------------
 

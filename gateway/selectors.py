@@ -3,6 +3,7 @@ the cluster figures of /metrics."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 import json
@@ -23,7 +24,9 @@ from replicas.models import CachedWeights, CatalogEntry, GpuAllocation, Member, 
 from . import engineload, inflight
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY
 from .autoscale_metrics import autoscale_gauges
-from .models import ApiKey
+from .limits import Limits, limits_of
+from .models import ApiKey, KeyUsage
+from .queue import batch_limit
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,9 @@ class KeyRow:
     name: str
     secret_hash: str
     allowed_models: frozenset[str] | None  # None: every model
+    limits: Limits | None = None
+    expires_at: float | None = None  # unix seconds
+    priority: str = "standard"
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,10 @@ class RoutingSnapshot:
     keys: list[KeyRow]
     # model name -> routing policy (replicas.choices.RoutingPolicy); absent: least-outstanding
     policies: dict[str, str] = field(default_factory=dict)
+    # model name -> its catalog 'timeouts' (gateway/timeouts.py), for the models that set any
+    timeouts: dict[str, dict] = field(default_factory=dict)
+    # model name -> each replica's batch limit, from its catalog args (gateway/queue.py)
+    batch_limits: dict[str, int] = field(default_factory=dict)
 
 
 def routing_version() -> tuple:
@@ -72,10 +82,13 @@ def routing_version() -> tuple:
 
 def routing_snapshot() -> RoutingSnapshot:
     """The catalog, the leader address of every ready replica, and the live keys."""
-    catalog, policies = {}, {}
-    for name, created, routing, removing in CatalogEntry.objects.values_list(
-            "name", "created_at", "routing", "removing"):
+    catalog, policies, timeouts, batch_limits = {}, {}, {}, {}
+    for name, created, routing, removing, model_timeouts, args in CatalogEntry.objects.values_list(
+            "name", "created_at", "routing", "removing", "timeouts", "args"):
         policies[name] = routing  # a model being removed still routes to its last replicas as it did
+        if model_timeouts:
+            timeouts[name] = model_timeouts
+        batch_limits[name] = batch_limit(args)
         if not removing:
             catalog[name] = int(created.timestamp())
     routes = []
@@ -97,23 +110,26 @@ def routing_snapshot() -> RoutingSnapshot:
             continue
         routes.append(RouteRow(replica_id=replica_id, model=model, base_url=base_url))
         catalog.setdefault(model, int(created.timestamp()))
-    keys = [
-        KeyRow(id=pk, name=name, secret_hash=digest, allowed_models=frozenset(allowed) if allowed else None)
-        for pk, name, digest, allowed in ApiKey.objects.filter(revoked_at__isnull=True).values_list(
-            "id", "name", "secret_hash", "allowed_models"
-        )
-    ]
-    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies)
+    keys = [_key_row(values) for values in ApiKey.objects.filter(revoked_at__isnull=True).values_list(*_KEY_FIELDS)]
+    return RoutingSnapshot(catalog=catalog, routes=routes, keys=keys, policies=policies, timeouts=timeouts,
+                           batch_limits=batch_limits)
 
 
 def key_by_secret_hash(*, secret_hash: str) -> KeyRow | None:
     """A live key by the hash of its secret (a key made since the routing table was loaded)."""
-    row = (ApiKey.objects.filter(secret_hash=secret_hash, revoked_at__isnull=True)
-           .values_list("id", "name", "allowed_models").first())
-    if row is None:
-        return None
-    pk, name, allowed = row
-    return KeyRow(id=pk, name=name, secret_hash=secret_hash, allowed_models=frozenset(allowed) if allowed else None)
+    row = ApiKey.objects.filter(secret_hash=secret_hash, revoked_at__isnull=True).values_list(*_KEY_FIELDS).first()
+    return None if row is None else _key_row(row)
+
+
+_KEY_FIELDS = ("id", "name", "secret_hash", "allowed_models", "rpm", "tpm", "max_concurrent", "daily_tokens",
+               "monthly_tokens", "expires_at", "priority")
+
+
+def _key_row(values) -> KeyRow:
+    pk, name, digest, allowed, rpm, tpm, concurrent, daily, monthly, expires, priority = values
+    return KeyRow(id=pk, name=name, secret_hash=digest, allowed_models=frozenset(allowed) if allowed else None,
+                  limits=limits_of(rpm, tpm, concurrent, daily, monthly),
+                  expires_at=expires.timestamp() if expires else None, priority=priority)
 
 
 def replica_inflight(replica_id: int) -> int:
@@ -162,6 +178,22 @@ def gateway_processes() -> list[inflight.ProcessRecord]:
 
 def key_list():
     return ApiKey.objects.all()
+
+
+USAGE_HOURS_MAX = 93 * 24
+
+
+def key_usage(*, key: str | None = None, model: str | None = None, hours: int = 24) -> list[dict[str, Any]]:
+    """Hourly usage rows of the last ``hours`` hours (the current one included), oldest first."""
+    now = time.time()
+    since = dt.datetime.fromtimestamp((int(now // 3600) - hours + 1) * 3600, tz=dt.timezone.utc)
+    rows = KeyUsage.objects.filter(hour__gte=since)
+    if key:
+        rows = rows.filter(key__name=key)
+    if model:
+        rows = rows.filter(model=model)
+    return list(rows.order_by("hour", "key__name", "model").values(
+        "key__name", "model", "hour", "requests", "prompt_tokens", "completion_tokens"))
 
 
 def _gpu_states(status: str, allocated: int, total: int) -> tuple[int, int, int]:

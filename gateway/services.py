@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import secrets
 import string
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -20,7 +22,8 @@ from core.exceptions import NotFound
 from replicas.models import CatalogEntry
 
 from . import inflight
-from .models import KEY_NAME, ApiKey
+from .choices import Priority
+from .models import KEY_NAME, ApiKey, KeyUsage
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +45,35 @@ class CreatedKey:
     key: str  # the only time the key itself exists outside its holder's hands
 
 
-def key_create(*, name: str, models: list[str] | None = None, actor: str = "") -> CreatedKey:
-    """A new key, optionally restricted to some catalog models. ``actor`` (who
-    asked) goes into the Event."""
+# What an operator may set on a key besides its models (gateway/limits.py, gateway/queue.py).
+LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "daily_tokens", "monthly_tokens")
+SETTINGS_FIELDS = (*LIMIT_FIELDS, "expires_at", "priority")
+
+
+def key_settings_validate(settings: dict[str, Any]) -> dict[str, Any]:
+    """The limits, expiry and priority given, checked: each limit a positive whole number or None (no
+    limit), the priority one of the classes, the expiry a time (in the past: the key stops working)."""
+    unknown = sorted(set(settings) - set(SETTINGS_FIELDS))
+    if unknown:
+        raise ValidationError(f"unknown key setting(s): {', '.join(unknown)}; known: {', '.join(SETTINGS_FIELDS)}")
+    for field in LIMIT_FIELDS:
+        value = settings.get(field)
+        if value is not None and (type(value) is not int or value <= 0):
+            raise ValidationError(f"{field} must be a positive whole number, or null for no limit (got {value!r})")
+    priority = settings.get("priority")
+    if "priority" in settings and priority not in Priority.values:
+        raise ValidationError(f"priority must be one of {', '.join(Priority.values)} (got {priority!r})")
+    expires = settings.get("expires_at")
+    if expires is not None and (not isinstance(expires, dt.datetime) or timezone.is_naive(expires)):
+        raise ValidationError("expires_at must be a time with its timezone (ISO 8601, e.g. 2027-01-31T00:00:00Z)")
+    return settings
+
+
+def key_create(*, name: str, models: list[str] | None = None, actor: str = "", **settings: Any) -> CreatedKey:
+    """A new key, optionally restricted to some catalog models, with limits,
+    an expiry and a priority (``SETTINGS_FIELDS``). ``actor`` (who asked) goes into the Event."""
     KEY_NAME(name)
+    key_settings_validate(settings)
     allowed = sorted({m.strip() for m in models or [] if m.strip()})
     if allowed:
         known = set(CatalogEntry.objects.filter(name__in=allowed).values_list("name", flat=True))
@@ -60,7 +88,8 @@ def key_create(*, name: str, models: list[str] | None = None, actor: str = "") -
         try:
             with transaction.atomic():
                 row = ApiKey.objects.create(
-                    name=name, prefix=key[: len(KEY_PREFIX) + _SHOWN], secret_hash=key_hash(key), allowed_models=allowed
+                    name=name, prefix=key[: len(KEY_PREFIX) + _SHOWN], secret_hash=key_hash(key),
+                    allowed_models=allowed, **settings,
                 )
                 event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"apikey/{name}",
                              message=f"API key {name} ({row.prefix}...) created by {actor or 'an operator'}",
@@ -72,6 +101,28 @@ def key_create(*, name: str, models: list[str] | None = None, actor: str = "") -
         logger.info("api key created name=%s prefix=%s models=%s", name, row.prefix, ",".join(allowed) or "*")
         return CreatedKey(row=row, key=key)
     raise RuntimeError("could not draw an unused key prefix")
+
+
+def key_update(*, name: str, actor: str = "", **settings: Any) -> ApiKey:
+    """Change a key's limits, expiry or priority (only those given; None removes a limit or the
+    expiry). Every gateway applies the change within a second; counts already made stay."""
+    key_settings_validate(settings)
+    with transaction.atomic():
+        row = ApiKey.objects.select_for_update().filter(name=name).first()
+        if row is None:
+            raise NotFound(f"no API key named {name!r}")
+        changed = {f: v for f, v in settings.items() if getattr(row, f) != v}
+        if changed:
+            for field, value in changed.items():
+                setattr(row, field, value)
+            row.save(update_fields=[*changed, "updated_at"])
+            shown = {f: (v.isoformat() if isinstance(v, dt.datetime) else v) for f, v in changed.items()}
+            event_record(kind=CoreEventKind.CONTROL_PLANE, subject=f"apikey/{name}",
+                         message=f"API key {name} changed by {actor or 'an operator'}: "
+                                 + ", ".join(f"{f}={v}" for f, v in shown.items()),
+                         data={"actor": actor, "changed": shown})
+            logger.info("api key updated name=%s %s", name, " ".join(f"{f}={v}" for f, v in shown.items()))
+    return row
 
 
 def key_revoke(*, name: str, actor: str = "") -> ApiKey:
@@ -93,13 +144,42 @@ def key_revoke(*, name: str, actor: str = "") -> ApiKey:
 def key_usage_add(*, usage: dict[int, tuple[int, int, int]]) -> None:
     """Add a batch of usage: key id -> (requests, prompt tokens, completion tokens)."""
     now = timezone.now()
-    for key_id, (requests, prompt, completion) in sorted(usage.items()):
-        ApiKey.objects.filter(pk=key_id).update(
-            requests=F("requests") + requests,
-            prompt_tokens=F("prompt_tokens") + prompt,
-            completion_tokens=F("completion_tokens") + completion,
-            last_used_at=now,
-        )
+    with transaction.atomic():
+        for key_id, (requests, prompt, completion) in sorted(usage.items()):
+            ApiKey.objects.filter(pk=key_id).update(
+                requests=F("requests") + requests,
+                prompt_tokens=F("prompt_tokens") + prompt,
+                completion_tokens=F("completion_tokens") + completion,
+                last_used_at=now,
+            )
+
+
+def key_usage_hours_add(*, usage: dict[tuple[int, str, int], tuple[int, int, int]]) -> None:
+    """Add a batch of hourly usage: (key id, model, unix hour) -> (requests, prompt, completion tokens).
+    One upsert per row, adding to what other gateway processes wrote (INSERT ... ON CONFLICT, which
+    PostgreSQL and SQLite both have); rows of keys deleted meanwhile are dropped."""
+    if not usage:
+        return
+    table = connection.ops.quote_name(KeyUsage._meta.db_table)
+    live = set(ApiKey.objects.filter(pk__in={k for k, _, _ in usage}).values_list("pk", flat=True))
+    sql = (f"INSERT INTO {table} (key_id, model, hour, requests, prompt_tokens, completion_tokens) "
+           f"VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key_id, model, hour) DO UPDATE SET "
+           f"requests = {table}.requests + excluded.requests, "
+           f"prompt_tokens = {table}.prompt_tokens + excluded.prompt_tokens, "
+           f"completion_tokens = {table}.completion_tokens + excluded.completion_tokens")
+    adapt = connection.ops.adapt_datetimefield_value
+    rows = [(key_id, model, adapt(dt.datetime.fromtimestamp(hour * 3600, tz=dt.timezone.utc)), *counts)
+            for (key_id, model, hour), counts in sorted(usage.items()) if key_id in live]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def key_usage_flush(*, usage: dict[int, tuple[int, int, int]],
+                    hours: dict[tuple[int, str, int], tuple[int, int, int]]) -> None:
+    """A gateway process's batch of both, in one transaction: written whole or not at all."""
+    with transaction.atomic():
+        key_usage_add(usage=usage)
+        key_usage_hours_add(usage=hours)
 
 
 def gateway_process_publish(*, name: str, routes: list[int], inflight_counts: dict[int, int]) -> None:

@@ -3,6 +3,7 @@ handler in ``gateway.asgi`` (no middleware, no thread per request)."""
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import ipaddress
 import logging
@@ -12,9 +13,12 @@ from concurrent.futures.process import BrokenProcessPool
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
+from . import limits as limits_module
 from . import metrics as metrics_module
-from .choices import ErrorKind
+from .choices import ErrorKind, Priority
 from .errors import json_response, openai_error
+from .limits import Ticket, estimate_tokens
+from .queue import Refusal as QueueRefusal
 from .proxy import Attempt, encode, forward
 from .prefix import session_hash
 from .routing import NO_HINTS, SESSION, Hints, Key
@@ -36,6 +40,11 @@ async def _key(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | 
         message = ("Incorrect API key provided." if given else
                    "You didn't provide an API key: send it as 'Authorization: Bearer sk-llmgw-...'.")
         return None, _refuse(gw, endpoint, "", 401, message, ErrorKind.INVALID_API_KEY)
+    if key is not None and key.expires_at is not None and key.expires_at <= time.time():
+        expired = datetime.datetime.fromtimestamp(key.expires_at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        return None, _refuse(gw, endpoint, "", 401, f"The API key {key.name} expired at {expired}; ask an operator "
+                             "to extend it ('llmgw ctl keys update NAME --expires ...') or for a new one.",
+                             ErrorKind.KEY_EXPIRED)
     return key, None
 
 
@@ -171,7 +180,27 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         return _refuse(gw, endpoint, "", 404, _unknown_model_message(gw, key, model), ErrorKind.MODEL_NOT_FOUND,
                        param="model")
     raw = checked.body if checked.body is not None else request.body
-    attempt = Attempt(gw, key, model, endpoint, started)
+    verdict = ticket = None
+    if key is not None and key.limits is not None:
+        limits = key.limits
+        estimate = (estimate_tokens(len(raw), checked.max_tokens, settings.LLMGW_LIMITS_COMPLETION_ESTIMATE)
+                    if limits.tokens else 0)
+        verdict = await gw.limiter.admit(key.id, limits, estimate)
+        if not verdict.admitted:
+            return _limited(gw, endpoint, model, key, verdict)
+        ticket = Ticket(verdict)
+    try:
+        # Every ready replica at capacity: wait here, in priority order (gateway/queue.py).
+        await gw.queue.enter(gw, model, key.id if key is not None else 0,
+                             key.priority if key is not None else Priority.STANDARD)
+    except QueueRefusal as refusal:
+        _give_back(gw, ticket)
+        return _refuse(gw, endpoint, model, refusal.status, refusal.message, refusal.kind,
+                       headers={"Retry-After": str(refusal.retry_after), **(verdict.headers() if verdict else {})})
+    except BaseException:
+        _give_back(gw, ticket)
+        raise
+    attempt = Attempt(gw, key, model, endpoint, started, ticket)
     hints = NO_HINTS
     if checked.blocks:
         hints = Hints(blocks=checked.blocks)
@@ -179,7 +208,33 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
         session = request.META.get("HTTP_X_SESSION_ID") or checked.user
         if session:
             hints = Hints(session=session_hash(session))
-    return await forward(attempt, path, raw, stream=checked.stream, strip_usage=checked.strip_usage, hints=hints)
+    try:
+        response = await forward(attempt, path, raw, stream=checked.stream, strip_usage=checked.strip_usage,
+                                 hints=hints)
+    except BaseException:
+        if ticket is not None and not ticket.settled:
+            attempt.done(None, 499, ErrorKind.CLIENT_DISCONNECTED)
+        raise
+    if verdict is not None:
+        for name, value in verdict.headers().items():
+            response[name] = value
+    return response
+
+
+def _give_back(gw: Gateway, ticket: Ticket | None) -> None:
+    """A reservation whose request never reached an engine: nothing used."""
+    if ticket is not None and not ticket.settled:
+        ticket.settled = True
+        gw.limiter.settle(ticket, 0)
+
+
+def _limited(gw: Gateway, endpoint: str, model: str, key: Key, verdict) -> HttpResponse:
+    """429 for a key past one of its limits, as OpenAI answers it."""
+    quota = verdict.reason in (limits_module.DAILY, limits_module.MONTHLY)
+    code = ErrorKind.QUOTA_EXCEEDED if quota else ErrorKind.RATE_LIMITED
+    kind = "insufficient_quota" if quota else ("tokens" if verdict.reason == limits_module.TPM else "requests")
+    headers = {"Retry-After": str(verdict.retry_after()), **verdict.headers()}
+    return _refuse(gw, endpoint, model, 429, verdict.message(key.name), code, headers=headers, type_=kind)
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:

@@ -420,6 +420,10 @@ LLMGW_GATEWAY_OPEN = env.bool("LLMGW_GATEWAY_OPEN", default=False)
 LLMGW_GATEWAY_CONNECT_TIMEOUT = env.float("LLMGW_GATEWAY_CONNECT_TIMEOUT", default=5.0)
 # Longest silence from an engine (before its headers, or between two chunks).
 LLMGW_GATEWAY_READ_TIMEOUT = env.float("LLMGW_GATEWAY_READ_TIMEOUT", default=600.0)
+# Per-model defaults of the gateway's timeouts (gateway/timeouts.py; a model's catalog 'timeouts:' overrides):
+# to a streamed answer's first chunk, and of the whole exchange (0: none, so long generations are never cut).
+LLMGW_GATEWAY_TTFT_TIMEOUT = env.float("LLMGW_GATEWAY_TTFT_TIMEOUT", default=600.0)
+LLMGW_GATEWAY_TOTAL_TIMEOUT = env.float("LLMGW_GATEWAY_TOTAL_TIMEOUT", default=0.0)
 # How often each gateway process checks the routing table and publishes its in-flight counts.
 LLMGW_GATEWAY_SYNC_INTERVAL = env.float("LLMGW_GATEWAY_SYNC_INTERVAL", default=0.2)
 LLMGW_GATEWAY_MAX_BODY_BYTES = env.int("LLMGW_GATEWAY_MAX_BODY_BYTES", default=32 * 1024 * 1024)
@@ -434,6 +438,16 @@ LLMGW_METRICS_TOKEN = env.str("LLMGW_METRICS_TOKEN", default="")
 if env.str("LLMGW_METRICS_TOKEN_FILE", default=""):
     LLMGW_METRICS_TOKEN = Path(env.str("LLMGW_METRICS_TOKEN_FILE")).read_text().strip()
 LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
+# Tokens a request with limits reserves for its completion when it does not say max_tokens (gateway/limits.py);
+# settled to what the engine reports when the answer ends.
+LLMGW_LIMITS_COMPLETION_ESTIMATE = env.int("LLMGW_LIMITS_COMPLETION_ESTIMATE", default=256)
+# The gateway's queue for a model whose every replica is at capacity (gateway/queue.py): most waiting per
+# model and process (then 429), longest wait (then 503), the engine queue allowed beyond its batch limit, and
+# the share of a replica's capacity batch keys leave to interactive and standard ones.
+LLMGW_GATEWAY_QUEUE_MAX = env.int("LLMGW_GATEWAY_QUEUE_MAX", default=1000)
+LLMGW_GATEWAY_QUEUE_WAIT = env.float("LLMGW_GATEWAY_QUEUE_WAIT", default=60.0)
+LLMGW_GATEWAY_ENGINE_QUEUE = env.int("LLMGW_GATEWAY_ENGINE_QUEUE", default=0)
+LLMGW_GATEWAY_BATCH_HEADROOM = env.float("LLMGW_GATEWAY_BATCH_HEADROOM", default=0.1)
 # Connections kept to engines per gateway process (0: no limit).
 LLMGW_GATEWAY_MAX_CONNECTIONS = env.int("LLMGW_GATEWAY_MAX_CONNECTIONS", default=0)
 # Engine load: each web process reads its replicas' /metrics every this many

@@ -38,3 +38,12 @@ bench-routing-pure: $(STAMP)
 
 bench-gateway-profile: $(STAMP)
 	$(PY) bench/gateway_profile.py
+
+# make bench-tenancy: per-key limits' exactness through two gateway processes, interactive TTFT under a
+# batch flood, and the CPU limits add per request (docs/benchmarks.md); PostgreSQL and Redis; a few minutes.
+BENCH_TENANCY_ARGS ?=
+
+.PHONY: bench-tenancy
+
+bench-tenancy: $(STAMP)
+	$(PY) bench/tenancy.py $(BENCH_TENANCY_ARGS)

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 min_, max_ = min, max
 
 FIELDS = ("engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale", "max_surge",
-          "max_unavailable", "source", "manifest", "spares")
+          "max_unavailable", "source", "manifest", "spares", "timeouts")
 
 
 class CatalogInvalid(ValueError):

@@ -49,6 +49,9 @@ class CatalogEntry(models.Model):
     manifest = models.JSONField(default=dict, blank=True)
     # Nodes per fabric that keep the weights staged beyond those serving them.
     spares = models.PositiveSmallIntegerField(default=0)
+    # The gateway's timeouts for this model (gateway/timeouts.py): connect, ttft, idle, total in
+    # seconds; null or absent: the settings' defaults.
+    timeouts = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

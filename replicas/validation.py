@@ -24,7 +24,7 @@ from .weights import source_problems
 
 # What an operator writes; the other fields are the control plane's.
 ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale",
-                "max_surge", "max_unavailable", "source", "spares"]
+                "max_surge", "max_unavailable", "source", "spares", "timeouts"]
 
 
 class CatalogEntryInvalid(ValueError):
@@ -57,6 +57,19 @@ def admin_only_problems(entry: dict[str, Any]) -> list[str]:
 
 
 
+class TimeoutFields(serializers.Serializer):
+    """A model's gateway timeouts in seconds (docs/gateway.md#timeouts-and-retries); absent or null: the
+    default setting; 0: none."""
+
+    connect = serializers.FloatField(min_value=0, max_value=3600, required=False, allow_null=True)
+    ttft = serializers.FloatField(min_value=0, max_value=86400, required=False, allow_null=True)
+    idle = serializers.FloatField(min_value=0, max_value=86400, required=False, allow_null=True)
+    total = serializers.FloatField(min_value=0, max_value=7 * 86400, required=False, allow_null=True)
+
+    def to_internal_value(self, data):
+        return {k: v for k, v in super().to_internal_value(data).items() if v is not None} or None
+
+
 class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     """The shape of a catalog entry, field by field, then ``engine_problems``.
     A key it does not declare is refused by name (``core.strict``), at any
@@ -81,6 +94,7 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     # Where the weights come from (replicas.weights); {} leaves them unmanaged.
     source = serializers.JSONField(required=False, default=dict)
     spares = serializers.IntegerField(min_value=0, max_value=64, default=0)
+    timeouts = TimeoutFields(required=False, allow_null=True, default=None)
 
     class Meta:
         model = CatalogEntry

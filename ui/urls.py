@@ -33,6 +33,7 @@ urlpatterns = [
     path("gateway/", gateway.gateway_page, name="ui-gateway"),
     path("gateway/keys/", gateway.key_create, name="ui-key-create"),
     path("gateway/keys/<str:name>/revoke/", gateway.key_revoke, name="ui-key-revoke"),
+    path("gateway/keys/<str:name>/limits/", gateway.key_update, name="ui-key-update"),
     path("tokens/", tokens.tokens_page, name="ui-tokens"),
     path("tokens/new/", tokens.token_create, name="ui-token-create"),
     path("tokens/<str:prefix>/revoke/", tokens.token_revoke, name="ui-token-revoke"),

@@ -207,6 +207,9 @@ class SimHandler(BaseHTTPRequestHandler):
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                        or max_tokens < 1):
             raise BadRequest(400, "'max_tokens' must be a positive integer")
+        stall = _stall_of(body)
+        if stall and stall[0] == "start":
+            self._stall(stall[1])  # before the answer's headers: a connected engine that says nothing
         prompt = _prompt_tokens(body, chat)
         limit = self.model.params.max_model_len
         if len(prompt) + (max_tokens or 1) > limit:
@@ -233,6 +236,8 @@ class SimHandler(BaseHTTPRequestHandler):
                 if self._client_gone():
                     return
                 time.sleep(min(CLIENT_CHECK, left))
+            if stall and stall[0] == "first_token":
+                self._stall(stall[1])
             engine.computed(ticket)
             metrics.admitted(ticket)  # its first token is out: vLLM observes TTFT now
             usage = {
@@ -248,6 +253,8 @@ class SimHandler(BaseHTTPRequestHandler):
                 def pace() -> None:
                     nonlocal generated
                     generated += 1
+                    if stall and stall[0] == "token" and generated == stall[2]:
+                        self._stall(stall[1])
                     step = engine.decode_step()
                     if step > 0:
                         time.sleep(step)
@@ -285,6 +292,12 @@ class SimHandler(BaseHTTPRequestHandler):
             return False
         except OSError:
             return True
+
+    def _stall(self, seconds: float) -> None:
+        """Say nothing for ``seconds`` (or until the client goes away)."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0 and not self._client_gone():
+            time.sleep(min(CLIENT_CHECK, left))
 
     def _stream_start(self) -> None:
         self.send_response(200)
@@ -340,6 +353,24 @@ def _decode(engine: SimEngine, steps: int, gone: Callable[[], bool]) -> int:
         time.sleep(n * step)
         done += n
     return done
+
+
+STALL_POINTS = ("start", "first_token", "token")
+
+
+def _stall_of(body: dict[str, Any]) -> tuple[str, float, int] | None:
+    """A test's knob, the body's ``sim_stall``: ``{"at": "start" | "first_token" | "token", "seconds": S,
+    "after": N}``: say nothing for S seconds before the answer's headers, before the first token, or after
+    the N-th streamed token. Only the sim engine reads it (the gateway's timeout tests stall it there)."""
+    stall = body.get("sim_stall")
+    if stall is None:
+        return None
+    if not isinstance(stall, dict) or stall.get("at") not in STALL_POINTS:
+        raise BadRequest(400, f"'sim_stall' must be {{\"at\": one of {', '.join(STALL_POINTS)}, \"seconds\": S}}")
+    seconds, after = stall.get("seconds", 0), stall.get("after", 1)
+    if not isinstance(seconds, (int, float)) or not 0 <= seconds <= 3600 or not isinstance(after, int) or after < 1:
+        raise BadRequest(400, "'sim_stall': seconds must be 0-3600 and after a whole number >= 1")
+    return stall["at"], float(seconds), after
 
 
 def _events(model: SimModel, ident: str, tokens: list[str], finish: str, usage: dict | None, chat: bool,

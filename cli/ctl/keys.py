@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import api_call, output_flag, print_listing
+from .common import CtlError, api_call, output_flag, print_listing
 
 
 def register(ctl_sub) -> None:
@@ -12,7 +12,19 @@ def register(ctl_sub) -> None:
     create.add_argument("name")
     create.add_argument("--models", default="", help="comma-separated models it may use (default: all)")
     create.add_argument("-q", "--quiet", action="store_true", help="print the key alone (for scripts)")
+    _settings_flags(create)
     create.set_defaults(func=_create)
+    update = keys_sub.add_parser("update", help="change a key's limits, expiry or priority (only the flags given)")
+    update.add_argument("name")
+    _settings_flags(update)
+    update.set_defaults(func=_update)
+    usage = keys_sub.add_parser("usage", help="usage per key, model and hour, as the engines reported it")
+    usage.add_argument("name", nargs="?", help="one key only")
+    usage.add_argument("--model", help="one model only")
+    usage.add_argument("--hours", type=int, default=24, help="the last N hours (default 24)")
+    usage.add_argument("--by-hour", action="store_true", help="one line per hour (default: totals per key and model)")
+    output_flag(usage)
+    usage.set_defaults(func=_usage)
     revoke = keys_sub.add_parser("revoke", help="revoke a key (the gateways refuse it within a second)")
     revoke.add_argument("name")
     revoke.set_defaults(func=_revoke)
@@ -21,16 +33,91 @@ def register(ctl_sub) -> None:
     listing.set_defaults(func=_list)
 
 
+_LIMITS = (("rpm", "requests per minute"), ("tpm", "tokens per minute (prompt + completion)"),
+           ("max_concurrent", "requests in flight at once"), ("daily_tokens", "token budget per UTC day"),
+           ("monthly_tokens", "token budget per UTC month"))
+
+
+def _settings_flags(parser) -> None:
+    for field, what in _LIMITS:
+        parser.add_argument("--" + field.replace("_", "-"), metavar="N|none", help=f"{what}; 'none' removes it")
+    parser.add_argument("--expires", metavar="TIME|none",
+                        help="when the key stops working (ISO 8601, e.g. 2027-01-31T00:00:00Z); 'none': never")
+    parser.add_argument("--priority", choices=("interactive", "standard", "batch"),
+                        help="class in the gateway's queue when a model is at capacity")
+
+
+def _settings(args) -> dict:
+    body = {}
+    for field, _ in _LIMITS:
+        value = getattr(args, field)
+        if value is not None:
+            if value.lower() == "none":
+                body[field] = None
+            else:
+                try:
+                    body[field] = int(value)
+                except ValueError:
+                    raise CtlError(f"--{field.replace('_', '-')} takes a whole number or 'none' (got {value!r})")
+    if args.expires is not None:
+        body["expires_at"] = None if args.expires.lower() == "none" else args.expires
+    if args.priority is not None:
+        body["priority"] = args.priority
+    return body
+
+
+def _describe(key: dict) -> str:
+    parts = [f"{field}={key[field]}" for field, _ in _LIMITS if key.get(field)]
+    if key.get("expires_at"):
+        parts.append(f"expires {key['expires_at']}")
+    parts.append(f"priority {key.get('priority', 'standard')}")
+    return ", ".join(parts) if parts else "no limits"
+
+
 def _create(args) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    key = api_call("POST", "/api/v1/keys/", json={"name": args.name, "models": models})
+    key = api_call("POST", "/api/v1/keys/", json={"name": args.name, "models": models, **_settings(args)})
     if args.quiet:
         print(key["key"])
         return 0
     print(f"created API key {key['name']} for {', '.join(key['models']) or 'every model'}:")
     print(f"  {key['key']}")
+    print(f"  limits: {_describe(key)}")
     print("it is shown this once: keep it now. Clients send it as 'Authorization: Bearer <key>'.")
     return 0
+
+
+def _update(args) -> int:
+    body = _settings(args)
+    if not body:
+        raise CtlError("nothing to change: give at least one of --rpm, --tpm, --max-concurrent, --daily-tokens, "
+                         "--monthly-tokens, --expires, --priority")
+    key = api_call("PATCH", f"/api/v1/keys/{args.name}/", json=body)
+    print(f"updated API key {key['name']}: {_describe(key)}")
+    return 0
+
+
+def _usage(args) -> int:
+    params = {"hours": args.hours}
+    if args.name:
+        params["key"] = args.name
+    if args.model:
+        params["model"] = args.model
+    rows = api_call("GET", "/api/v1/keys/usage/", params=params)
+    if not args.by_hour:
+        totals: dict[tuple[str, str], dict] = {}
+        for row in rows:
+            total = totals.setdefault((row["key"], row["model"]), {
+                "key": row["key"], "model": row["model"], "requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
+            for field in ("requests", "prompt_tokens", "completion_tokens"):
+                total[field] += row[field]
+        rows = list(totals.values())
+    columns = (["hour"] if args.by_hour else []) + ["key", "model", "requests", "prompt tokens", "completion tokens"]
+    return print_listing(
+        args, rows, columns,
+        lambda r: ([r["hour"][:13].replace("T", " ") + ":00"] if args.by_hour else [])
+        + [r["key"], r["model"], r["requests"], r["prompt_tokens"], r["completion_tokens"]],
+    )
 
 
 def _revoke(args) -> int:

@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from core.strict import StrictInput
 
+from ..choices import Priority
 from ..models import ApiKey
 
 
@@ -13,13 +14,41 @@ class ApiKeySerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
         fields = ["name", "prefix", "models", "created_at", "revoked", "revoked_at", "requests", "prompt_tokens",
-                  "completion_tokens", "last_used_at"]
+                  "completion_tokens", "last_used_at", "rpm", "tpm", "max_concurrent", "daily_tokens",
+                  "monthly_tokens", "expires_at", "priority"]
         read_only_fields = fields
 
 
-class ApiKeyCreateSerializer(StrictInput, serializers.Serializer):
+class ApiKeySettingsSerializer(StrictInput, serializers.Serializer):
+    """A key's limits (null: none), expiry (null: never) and priority class."""
+
+    rpm = serializers.IntegerField(min_value=1, required=False, allow_null=True, help_text="requests per minute")
+    tpm = serializers.IntegerField(min_value=1, required=False, allow_null=True,
+                                   help_text="tokens per minute (prompt + completion, as the engines report)")
+    max_concurrent = serializers.IntegerField(min_value=1, required=False, allow_null=True,
+                                              help_text="requests in flight at once")
+    daily_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True,
+                                            help_text="token budget per UTC day")
+    monthly_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True,
+                                              help_text="token budget per UTC month")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True,
+                                           help_text="when the key stops working (ISO 8601 with a timezone)")
+    priority = serializers.ChoiceField(choices=Priority.choices, required=False,
+                                       help_text="class in the gateway's queue when the model is at capacity")
+
+
+class ApiKeyCreateSerializer(ApiKeySettingsSerializer):
     name = serializers.CharField(max_length=64)
     models = serializers.ListField(child=serializers.CharField(max_length=128), required=False, default=list)
+
+
+class KeyUsageSerializer(serializers.Serializer):
+    key = serializers.CharField(source="key__name")
+    model = serializers.CharField()
+    hour = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):

@@ -54,6 +54,8 @@ TABLE = [
     ("post", "/api/v1/catalog/apply/", {"models": [ENTRY], "prune": True}, OPERATORS),
     ("post", "/api/v1/keys/", {"name": "new"}, OPERATORS),
     ("post", "/api/v1/keys/k/revoke/", None, OPERATORS),
+    ("patch", "/api/v1/keys/k/", {"rpm": 10, "priority": "batch"}, OPERATORS),
+    ("get", "/api/v1/keys/usage/", None, EVERYONE),
     ("post", "/api/v1/hypervisors/", {"name": "pve2"}, ADMINS),
     ("patch", "/api/v1/hypervisors/nope/", {"port": 1}, ADMINS),
     ("delete", "/api/v1/hypervisors/nope/", None, ADMINS),

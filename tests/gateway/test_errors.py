@@ -95,7 +95,7 @@ def test_upstream_timeout_is_504(gateway_web, make_replica, fake_engine):
     engine = fake_engine("m")
     engine.mode = "hang"
     make_replica("m", engine.port)
-    web = gateway_web(LLMGW_GATEWAY_OPEN="1", LLMGW_GATEWAY_READ_TIMEOUT="0.5")
+    web = gateway_web(LLMGW_GATEWAY_OPEN="1", LLMGW_GATEWAY_TOTAL_TIMEOUT="0.5")
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     _assert_openai_error(httpx.post(f"{web.url}/v1/chat/completions", json=body, timeout=10), 504, "upstream_timeout")
 

@@ -20,7 +20,7 @@ class FakeEngine:
         self.events = events
         self.event_delay = event_delay
         self.port = free_port()
-        self.mode = "normal"  # normal | hold | hang | die_mid_stream | error500
+        self.mode = "normal"  # normal | hold | hang | die_mid_stream | error500 | error503
         self.release = threading.Event()  # lets a held stream go on
         self.requests: list[dict] = []
         self.disconnects: list[float] = []
@@ -78,6 +78,8 @@ class FakeEngine:
                 await asyncio.sleep(0.05)
         if self.mode == "error500":
             return web.json_response({"error": {"message": "engine exploded", "type": "server_error"}}, status=500)
+        if self.mode == "error503":
+            return web.json_response({"error": {"message": "engine overloaded", "type": "server_error"}}, status=503)
         usage = {"prompt_tokens": 7, "completion_tokens": self.events, "total_tokens": 7 + self.events}
         if not body.get("stream"):
             if self.event_delay:

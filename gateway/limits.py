@@ -1,0 +1,387 @@
+"""Per-key limits, exact across every gateway process.
+
+A key may have requests per minute (RPM), tokens per minute (TPM, prompt +
+completion), requests in flight at once, and a token budget per UTC day and
+per UTC month. Each gateway process admits a request with one atomic Lua
+script in Redis that checks every limit and, only when all hold, counts the
+request and reserves an estimate of its tokens; when the answer ends, a
+second script settles the reservation to the tokens the engine reported and
+releases the concurrency slot. Scripts from concurrent requests are sent in
+one pipeline per event-loop turn, so a burst costs one round trip; a settle
+waits up to ``SETTLE_DELAY`` to ride with the next admission. Nothing about
+a key without limits touches Redis.
+
+Windows are fixed UTC minutes, days and months: within a minute at most RPM
+requests are admitted, whichever processes admit them. Without Redis (the
+embedded default) the same decision runs in the process's memory: exact for
+that one process.
+
+If Redis cannot be reached the request is admitted (and logged, and counted
+in ``llmgw_gateway_limit_errors_total``): a dead limiter must not take every
+team's traffic down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import datetime as dt
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from .metrics import METRICS_DIR  # noqa: F401 - prometheus_client's multiprocess mode is set up there
+
+logger = logging.getLogger(__name__)
+
+LIMIT_ERRORS = Counter("llmgw_gateway_limit_errors_total",
+                       "Requests admitted without their key's limits because Redis could not be asked.")
+
+# A reason's index in the scripts' answer (0: admitted).
+ADMITTED, RPM, TPM, CONCURRENT, DAILY, MONTHLY = range(6)
+REASONS = {RPM: "requests per minute", TPM: "tokens per minute", CONCURRENT: "concurrent requests",
+           DAILY: "daily token budget", MONTHLY: "monthly token budget"}
+# A concurrency slot a crashed process never gave back frees itself after this long.
+CONCURRENCY_TTL = 3600
+# How long a settle waits to share the next admission's round trip.
+SETTLE_DELAY = 0.002
+
+_ADMIT = """
+local limits = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
+local est = tonumber(ARGV[6])
+local adds = {1, est, 1, est, est}
+local ttls = {120, 120, tonumber(ARGV[7]), 172800, 2764800}
+local used = {0, 0, 0, 0, 0}
+for i = 1, 5 do
+  if limits[i] > 0 then
+    used[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+  end
+end
+for i = 1, 5 do
+  if limits[i] > 0 and used[i] + adds[i] > limits[i] then
+    return {i, used[1], used[2], used[3], used[4], used[5]}
+  end
+end
+for i = 1, 5 do
+  if limits[i] > 0 then
+    used[i] = redis.call('INCRBY', KEYS[i], adds[i])
+    redis.call('EXPIRE', KEYS[i], ttls[i])
+  end
+end
+return {0, used[1], used[2], used[3], used[4], used[5]}
+"""
+
+# KEYS: tpm window, concurrency, day, month; ARGV: token delta, release (0/1), and which keys are counted.
+_SETTLE = """
+local delta = tonumber(ARGV[1])
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], delta) end
+if ARGV[2] == '1' and tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then redis.call('DECR', KEYS[2]) end
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then redis.call('INCRBY', KEYS[3], delta) end
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then redis.call('INCRBY', KEYS[4], delta) end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits; None: no such limit."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrent: int | None = None
+    daily_tokens: int | None = None
+    monthly_tokens: int | None = None
+
+    def values(self) -> tuple[int, int, int, int, int]:
+        return (self.rpm or 0, self.tpm or 0, self.concurrent or 0, self.daily_tokens or 0, self.monthly_tokens or 0)
+
+    @property
+    def tokens(self) -> bool:
+        return bool(self.tpm or self.daily_tokens or self.monthly_tokens)
+
+
+def limits_of(rpm, tpm, concurrent, daily, monthly) -> Limits | None:
+    limits = Limits(rpm or None, tpm or None, concurrent or None, daily or None, monthly or None)
+    return limits if any(limits.values()) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The Redis keys of one request's windows, and when each resets (unix seconds)."""
+
+    keys: tuple[str, str, str, str, str]
+    minute_ends: float
+    day_ends: float
+    month_ends: float
+
+
+_MINUTE: list = [None, None]  # [minute, (day, month, day ends, month ends)]: the calendar, once a minute
+
+
+def windows(key_id: int, now: float) -> Windows:
+    minute = int(now // 60)
+    if _MINUTE[0] != minute:
+        day = int(now // 86400)
+        utc = time.gmtime(now)
+        next_month = dt.datetime(utc.tm_year + (utc.tm_mon == 12), utc.tm_mon % 12 + 1, 1, tzinfo=dt.timezone.utc)
+        _MINUTE[1] = (day, utc.tm_year * 100 + utc.tm_mon, (day + 1) * 86400.0,
+                      float(calendar.timegm(next_month.timetuple())))
+        _MINUTE[0] = minute
+    day, month, day_ends, month_ends = _MINUTE[1]
+    base = f"llmgw:limit:{key_id}:"
+    return Windows(
+        keys=(f"{base}r:{minute}", f"{base}t:{minute}", f"{base}c", f"{base}d:{day}", f"{base}m:{month}"),
+        minute_ends=(minute + 1) * 60.0, day_ends=day_ends, month_ends=month_ends,
+    )
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What the limiter said of one request: ``reason`` 0 when admitted."""
+
+    reason: int
+    used: tuple[int, int, int, int, int]
+    limits: Limits
+    windows: Windows
+    estimate: int
+    now: float
+
+    @property
+    def admitted(self) -> bool:
+        return self.reason == ADMITTED
+
+    def retry_after(self) -> int:
+        if self.reason in (RPM, TPM):
+            wait = self.windows.minute_ends - self.now
+        elif self.reason == DAILY:
+            wait = self.windows.day_ends - self.now
+        elif self.reason == MONTHLY:
+            wait = self.windows.month_ends - self.now
+        else:
+            wait = 1.0
+        return max(1, math.ceil(wait))
+
+    def headers(self) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* headers for the per-minute limits the key has."""
+        limits, headers = self.limits, {}
+        reset = _duration(self.windows.minute_ends - self.now)
+        if limits.rpm:
+            headers["x-ratelimit-limit-requests"] = str(limits.rpm)
+            headers["x-ratelimit-remaining-requests"] = str(max(0, limits.rpm - self.used[0]))
+            headers["x-ratelimit-reset-requests"] = reset
+        if limits.tpm:
+            headers["x-ratelimit-limit-tokens"] = str(limits.tpm)
+            headers["x-ratelimit-remaining-tokens"] = str(max(0, limits.tpm - self.used[1]))
+            headers["x-ratelimit-reset-tokens"] = reset
+        return headers
+
+    def message(self, key_name: str) -> str:
+        what = REASONS[self.reason]
+        limit = self.limits.values()[self.reason - 1]
+        if self.reason == CONCURRENT:
+            return (f"Rate limit reached for key {key_name}: {limit} {what} (the key's limit). "
+                    f"Retry when one of its requests has finished.")
+        if self.reason in (DAILY, MONTHLY):
+            return (f"You exceeded your current quota: key {key_name} has used {self.used[self.reason - 1]} of its "
+                    f"{what} of {limit} tokens (this request needs about {self.estimate} more). "
+                    f"Retry after {self.retry_after()}s, or ask an operator to raise it.")
+        used = self.used[self.reason - 1]
+        return (f"Rate limit reached for key {key_name} on {what}: limit {limit}, used {used}"
+                + (f", requested {self.estimate}" if self.reason == TPM else "")
+                + f". Retry after {self.retry_after()}s.")
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's reset format: ``59s``, ``1m0s``, ``250ms``."""
+    if seconds < 1:
+        return f"{max(0, int(seconds * 1000))}ms"
+    whole = int(math.ceil(seconds))
+    return f"{whole // 60}m{whole % 60}s" if whole >= 60 else f"{whole}s"
+
+
+def decide(limits: Limits, used: tuple[int, ...], estimate: int) -> int:
+    """The admission rule the Lua script applies, as a pure function: the first limit the request would pass
+    (1-5), or 0 when every limit holds."""
+    adds = (1, estimate, 1, estimate, estimate)
+    for index, (limit, now_used, add) in enumerate(zip(limits.values(), used, adds), start=1):
+        if limit and now_used + add > limit:
+            return index
+    return ADMITTED
+
+
+class Ticket:
+    """An admitted request's reservation, settled once when its answer ends."""
+
+    __slots__ = ("verdict", "settled")
+
+    def __init__(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self.settled = False
+
+
+class RedisLimiter:
+    """Admits and settles through Redis, one pipeline per loop turn."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as aredis
+
+        self.client = aredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self._sha: tuple[str, str] | None = None
+        self._pending: list[tuple[str, tuple, asyncio.Future | None]] = []
+        self._flushing: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def _shas(self) -> tuple[str, str]:
+        if self._sha is None:
+            self._sha = (await self.client.script_load(_ADMIT), await self.client.script_load(_SETTLE))
+        return self._sha
+
+    def _send(self, which: str, args: tuple, future: asyncio.Future | None) -> None:
+        self._pending.append((which, args, future))
+        if self._flushing is not None and not self._flushing.done():
+            return  # the running flush takes it on its next lap
+        if future is None:
+            # A settle waits a moment for the next admission's pipeline (one round trip for both), or
+            # goes alone after SETTLE_DELAY: a concurrency slot comes back at most that much later.
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_DELAY, self._kick)
+            return
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending and (self._flushing is None or self._flushing.done()):
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let this turn's other requests join the pipeline
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                results = await self._run(batch)
+            except Exception as exc:
+                LIMIT_ERRORS.inc(sum(1 for _, _, f in batch if f is not None))
+                logger.warning("gateway limits: redis failed (admitting without limits): %s", exc)
+                self._sha = None
+                results = [exc] * len(batch)
+            for (_, _, future), result in zip(batch, results):
+                if future is not None and not future.done():
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+
+    async def _run(self, batch: list) -> list:
+        from redis.exceptions import NoScriptError
+
+        for attempt in (1, 2):
+            admit, settle = await self._shas()
+            pipe = self.client.pipeline(transaction=False)
+            for which, args, _ in batch:
+                pipe.evalsha(admit if which == "admit" else settle, *args)
+            results = await pipe.execute(raise_on_error=False)
+            if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
+                self._sha = None  # Redis restarted, or its scripts were flushed
+                continue
+            return results
+        return results
+
+    async def admit(self, key_id: int, limits: Limits, estimate: int) -> Verdict:
+        now = time.time()
+        win = windows(key_id, now)
+        future = asyncio.get_running_loop().create_future()
+        self._send("admit", (5, *win.keys, *limits.values(), estimate, CONCURRENCY_TTL), future)
+        try:
+            answer = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The client went away while Redis answered: give back what the script may have taken.
+            future.add_done_callback(lambda f: self._abandoned(f, limits, win, estimate, now))
+            raise
+        except Exception:
+            return Verdict(ADMITTED, (0, 0, 0, 0, 0), limits, win, estimate, now)
+        return _verdict(answer, limits, win, estimate, now)
+
+    def _abandoned(self, future: asyncio.Future, limits: Limits, win: Windows, estimate: int, now: float) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        verdict = _verdict(future.result(), limits, win, estimate, now)
+        if verdict.admitted:
+            self.settle(Ticket(verdict), 0)
+
+    def settle(self, ticket: Ticket, tokens: int) -> None:
+        verdict = ticket.verdict
+        limits, keys = verdict.limits, verdict.windows.keys
+        flags = ("1" if limits.concurrent else "0", "1" if limits.tpm else "0", "1" if limits.daily_tokens else "0",
+                 "1" if limits.monthly_tokens else "0")
+        self._send("settle", (4, keys[1], keys[2], keys[3], keys[4], tokens - verdict.estimate, *flags), None)
+
+    async def close(self) -> None:
+        self._kick()
+        if self._flushing is not None:
+            try:
+                await self._flushing
+            except Exception:
+                pass
+        await self.client.aclose()
+
+
+def _verdict(answer, limits: Limits, win: Windows, estimate: int, now: float) -> Verdict:
+    return Verdict(int(answer[0]), tuple(int(v) for v in answer[1:6]), limits, win, estimate, now)
+
+
+class LocalLimiter:
+    """The same rule in this process's memory, for a gateway without Redis."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._swept = 0.0
+
+    async def admit(self, key_id: int, limits: Limits, estimate: int) -> Verdict:
+        now = time.time()
+        if now - self._swept > 60:
+            self._sweep(now)
+        win = windows(key_id, now)
+        values = limits.values()
+        used = tuple(self.counts.get(k, 0) if v else 0 for k, v in zip(win.keys, values))
+        reason = decide(limits, used, estimate)
+        if reason == ADMITTED:
+            adds = (1, estimate, 1, estimate, estimate)
+            used = tuple(u + a if v else 0 for u, a, v in zip(used, adds, values))
+            for k, u, v in zip(win.keys, used, values):
+                if v:
+                    self.counts[k] = u
+        return Verdict(reason, used, limits, win, estimate, now)
+
+    def settle(self, ticket: Ticket, tokens: int) -> None:
+        verdict = ticket.verdict
+        limits, keys = verdict.limits, verdict.windows.keys
+        delta = tokens - verdict.estimate
+        for index, on in ((1, limits.tpm), (3, limits.daily_tokens), (4, limits.monthly_tokens)):
+            if on and keys[index] in self.counts:
+                self.counts[keys[index]] += delta
+        if limits.concurrent and self.counts.get(keys[2], 0) > 0:
+            self.counts[keys[2]] -= 1
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        minute, day = int(now // 60), int(now // 86400)
+        for name in list(self.counts):
+            kind, _, window = name.rpartition(":")
+            if kind.endswith(":r") or kind.endswith(":t"):
+                if int(window) < minute - 1:
+                    del self.counts[name]
+            elif kind.endswith(":d") and int(window) < day - 1:
+                del self.counts[name]
+
+    async def close(self) -> None:
+        return None
+
+
+def estimate_tokens(body_bytes: int, max_tokens: int | None, default_completion: int) -> int:
+    """Tokens reserved at admission: about a token per 4 bytes of body, plus the completion asked for."""
+    return body_bytes // 4 + 1 + (max_tokens if max_tokens is not None and max_tokens >= 0 else default_completion)

@@ -1,0 +1,181 @@
+"""The gateway's queue (gateway/queue.py): a model whose every replica is at
+capacity makes requests wait, in order of priority class, round-robin between
+keys within a class, then arrival; bounded in count (429) and wait (503);
+batch keys leave headroom; a client that goes away leaves the queue. Then the
+same through a real gateway and sim engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from gateway.queue import GatewayQueue, QueueSettings, Refusal, batch_limit
+from gateway.routing import Route
+
+
+def _gw(capacity: int, inflight: int, replicas: int = 1):
+    routes = [Route(i, "m", f"http://127.0.0.1:{9000 + i}") for i in range(replicas)]
+    for route in routes:
+        route._inflight = inflight
+    return SimpleNamespace(table=SimpleNamespace(by_model={"m": routes})), routes
+
+
+def _queue(capacity: int, *, most: int = 100, wait: float = 5.0, headroom: float = 0.0) -> GatewayQueue:
+    queue = GatewayQueue(QueueSettings(most=most, wait=wait, engine_queue=0, batch_headroom=headroom))
+    queue.capacity = {"m": capacity}
+    return queue
+
+
+def test_batch_limit_from_the_catalog_args():
+    assert batch_limit(["--max-num-seqs", "8"]) == 8
+    assert batch_limit(["--max-num-seqs=12", "--foo"]) == 12
+    assert batch_limit(["--max-running-requests", "3"]) == 3
+    assert batch_limit(["--max-num-seqs"]) == 256 and batch_limit(None) == 256
+
+
+def test_order_is_priority_then_round_robin_between_keys_then_arrival():
+    async def scenario():
+        gw, (route,) = _gw(2, 2)
+        queue = _queue(2)
+        served: list[str] = []
+
+        async def request(name: str, key: int, priority: str):
+            waited = await queue.enter(gw, "m", key, priority)
+            assert waited
+            route._inflight += 1
+            served.append(name)
+
+        arrivals = [("b1-1", 1, "batch"), ("b1-2", 1, "batch"), ("b1-3", 1, "batch"), ("s2", 2, "standard"),
+                    ("b4-1", 4, "batch"), ("i3", 3, "interactive")]
+        tasks = []
+        for name, key, priority in arrivals:
+            tasks.append(asyncio.create_task(request(name, key, priority)))
+            await asyncio.sleep(0.001)
+        assert queue.waiting() == {"m": 6} and served == []
+        for _ in arrivals:  # one slot comes free at a time
+            route._inflight -= 1
+            queue.dispatch(gw, "m")
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks)
+        return served
+
+    assert asyncio.run(scenario()) == ["i3", "s2", "b1-1", "b4-1", "b1-2", "b1-3"]
+
+
+def test_room_means_no_wait_and_batch_leaves_headroom():
+    async def scenario():
+        gw, (route,) = _gw(10, 8)
+        queue = _queue(10, headroom=0.2)  # batch fills 8 of 10
+        assert await queue.enter(gw, "m", 1, "interactive") is False
+        batch = asyncio.create_task(queue.enter(gw, "m", 2, "batch"))
+        await asyncio.sleep(0.01)
+        assert not batch.done()
+        assert await asyncio.wait_for(queue.enter(gw, "m", 3, "standard"), 1) is False  # no one of its class waits
+        route._inflight = 7
+        queue.dispatch(gw, "m")
+        assert await asyncio.wait_for(batch, 1) is True
+
+    asyncio.run(scenario())
+
+
+def test_bounds_count_then_wait():
+    async def scenario():
+        gw, _ = _gw(1, 1)
+        queue = _queue(1, most=2, wait=0.3)
+        first = asyncio.create_task(queue.enter(gw, "m", 1, "standard"))
+        second = asyncio.create_task(queue.enter(gw, "m", 2, "standard"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Refusal) as full:
+            await queue.enter(gw, "m", 3, "standard")
+        started = time.monotonic()
+        with pytest.raises(Refusal) as waited:
+            await first
+        with pytest.raises(Refusal):
+            await second
+        return full.value, waited.value, time.monotonic() - started, queue.waiting()
+
+    full, waited, took, left = asyncio.run(scenario())
+    assert (full.status, full.kind, full.retry_after) == (429, "queue_full", 1)
+    assert "2 request(s) already wait" in full.message
+    assert (waited.status, waited.kind) == (503, "queue_full") and "for 0.3s" in waited.message
+    assert took < 1 and left == {}
+
+
+def test_a_full_queue_gives_a_batch_place_to_an_interactive_request():
+    async def scenario():
+        gw, (route,) = _gw(1, 1)
+        queue = _queue(1, most=2)
+        old = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        new = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        await asyncio.sleep(0.01)
+        chat = asyncio.create_task(queue.enter(gw, "m", 2, "interactive"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Refusal) as evicted:
+            await new
+        route._inflight = 0
+        queue.dispatch(gw, "m")
+        assert await asyncio.wait_for(chat, 1) is True
+        assert not old.done()
+        old.cancel()
+        return evicted.value
+
+    assert asyncio.run(scenario()).status == 429
+
+
+def test_a_client_that_goes_away_leaves_the_queue():
+    async def scenario():
+        gw, (route,) = _gw(1, 1)
+        queue = _queue(1)
+        gone = asyncio.create_task(queue.enter(gw, "m", 1, "interactive"))
+        stays = asyncio.create_task(queue.enter(gw, "m", 2, "batch"))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        assert queue.waiting() == {"m": 1}
+        route._inflight = 0
+        queue.dispatch(gw, "m")
+        return await asyncio.wait_for(stays, 1)
+
+    assert asyncio.run(scenario()) is True
+
+
+def test_through_the_gateway_interactive_passes_a_batch_flood(gateway_web, make_replica, sim_engine, api_key):
+    from gateway.services import key_update
+    from replicas.models import CatalogEntry
+
+    make_replica("m", sim_engine("m", token_delay=0.05))
+    CatalogEntry.objects.filter(name="m").update(args=["--max-num-seqs", "2"])
+    batch, interactive = api_key("batch-team"), api_key("chat-team")
+    key_update(name="batch-team", priority="batch")
+    key_update(name="chat-team", priority="interactive")
+    # Capacity 2 a replica; batch fills 1 of them (headroom 0.5); 2 batch requests may wait, then 429.
+    web = gateway_web(LLMGW_GATEWAY_QUEUE_MAX="2", LLMGW_GATEWAY_BATCH_HEADROOM="0.5")
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 20}
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=web.url, timeout=30) as client:
+            async def post(key):
+                started = time.monotonic()
+                answer = await client.post("/v1/chat/completions", json=body,
+                                           headers={"Authorization": f"Bearer {key}"})
+                return answer, time.monotonic() - started
+
+            flood = []
+            for _ in range(4):
+                flood.append(asyncio.create_task(post(batch)))
+                await asyncio.sleep(0.05)
+            chat = await post(interactive)
+            return chat, await asyncio.gather(*flood)
+
+    (chat, chat_took), flood = asyncio.run(scenario())
+    assert chat.status_code == 200 and chat_took < 2.0  # one generation's time: it waited for no batch request
+    codes = sorted(a.status_code for a, _ in flood)
+    assert codes == [200, 200, 200, 429], codes
+    refused = next(a for a, _ in flood if a.status_code == 429)
+    assert refused.json()["error"]["code"] == "queue_full" and int(refused.headers["retry-after"]) >= 1
+    # The three batch requests ran one at a time: the last finished after about three generations.
+    assert max(t for a, t in flood if a.status_code == 200) > 2.5
