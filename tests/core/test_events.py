@@ -19,12 +19,15 @@ from nodes.choices import NodeEventKind
 from provisioning.choices import ProvisioningEventKind
 from replicas.choices import ReplicaEventKind
 
-# Every kind the UI, ctl and the tests read, spelled as before the move.
+# Every kind the UI, ctl and the tests read (those of before the move spelled as then).
 KINDS_BEFORE = {
     "node.registered": "nodes", "node.status": "nodes", "node.inventory": "nodes",
     "gpu.conflict": "nodes", "gpu.missing": "nodes", "control_plane": "core", "model": "replicas",
     "replica.status": "replicas", "replica.pending": "replicas", "drain": "replicas", "rollout": "replicas",
     "provisioning": "provisioning", "account": "accounts",
+    # Kinds added since, by the app that records them.
+    "gpu.quarantined": "nodes", "gpu.cleared": "nodes", "gpu.xid": "nodes",
+    "autoscale": "replicas", "weights": "replicas",
 }
 
 

@@ -137,7 +137,7 @@ def test_the_demo_story_as_printed_and_the_readme_tour(tmp_path):
         export, *steps = commands
         assert [s.split()[1:3] for s in steps] == [
             ["ctl", "nodes"], ["ctl", "replicas"], ["ctl", "events"], ["demo", "kill"], ["demo", "revive"],
-            ["ctl", "drain"]]
+            ["demo", "gpu-fail"], ["demo", "gpu-fail"], ["ctl", "gpus"], ["ctl", "drain"]]
 
         def run(command: str, timeout: float = 60) -> str:
             done = subprocess.run(["bash", "-c", f"{export}\n{command}"], cwd=tmp_path, env=env,
@@ -197,7 +197,25 @@ def test_the_demo_story_as_printed_and_the_readme_tour(tmp_path):
         assert "revived node02" in run(steps[4])
         wait(lambda: node02()["status"] == "ready", 60, "node02 back")
 
-        drained = run(steps[5], timeout=400)
+        def gpu0() -> dict:
+            return next(g for g in as_json(".venv/bin/llmgw ctl gpus --node node01") if g["index"] == 0)
+
+        assert "Xid 79" in run(steps[5])
+        wait(lambda: gpu0()["health"] == "quarantined", 60, "GPU 0 of node01 quarantined")
+        wait(lambda: len(ready("qwen-7b-sim")) == 2 and not [
+            r for r in ready("qwen-7b-sim") for m in r["members"] if m["node"] == "node01" and 0 in m["gpus"]],
+            90, "no replica on the quarantined GPU, every one ready")
+        assert "reset" in run(steps[6])
+
+        def cleared() -> bool:
+            done = subprocess.run(["bash", "-c", f"{export}\n{steps[7]}"], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=60)
+            return done.returncode == 0 and "back in service" in done.stdout
+
+        wait(cleared, 60, "GPU 0 of node01 cleared by the operator")
+        assert gpu0()["health"] != "quarantined"
+
+        drained = run(steps[8], timeout=400)
         assert "done" in drained, drained
         assert not [m for r in replicas() if r["status"] in ("scheduled", "starting", "ready")
                     for m in r["members"] if m["node"] == "node03"]
