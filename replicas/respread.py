@@ -78,7 +78,9 @@ def spread_move_start(*, model: CatalogEntry, move: spread.SpreadMove) -> bool:
             if not Replica.objects.filter(pk=move.replica, status=ReplicaStatus.READY,
                                           draining=False).update(draining=True):
                 return False
-            replacement = Replica.objects.create(model=entry, status=ReplicaStatus.PENDING,
+            # The replacement runs what the original runs (replicas.revisions), as a drain's does.
+            revision_id = Replica.objects.filter(pk=move.replica).values_list("revision_id", flat=True).first()
+            replacement = Replica.objects.create(model=entry, status=ReplicaStatus.PENDING, revision_id=revision_id,
                                                  status_changed_at=timezone.now())
             event_record(
                 kind=ReplicaEventKind.REPLICA_STATUS, subject=f"replica/{move.replica}",
