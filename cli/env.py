@@ -60,6 +60,12 @@ def llmgw_command() -> str:
 
 
 def setup_django(data_dir: str | None = None) -> None:
+    # Every llmgw process that loads the control plane may write into the data
+    # directory (the database, certificates, the metrics files its modules'
+    # counters open at import): private from the start, as for `llmgw up`.
+    from .datadir import UMASK
+
+    os.umask(UMASK)
     if data_dir:
         os.environ["LLMGW_DATA_DIR"] = str(Path(data_dir).resolve())
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
