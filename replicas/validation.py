@@ -55,8 +55,6 @@ def admin_only_problems(entry: dict[str, Any]) -> list[str]:
         return []  # already refused by engine_problems
 
 
-
-
 class TimeoutFields(serializers.Serializer):
     """A model's gateway timeouts in seconds (docs/gateway.md#timeouts-and-retries); absent or null: the
     default setting; 0: none."""
@@ -66,8 +64,11 @@ class TimeoutFields(serializers.Serializer):
     idle = serializers.FloatField(min_value=0, max_value=86400, required=False, allow_null=True)
     total = serializers.FloatField(min_value=0, max_value=7 * 86400, required=False, allow_null=True)
 
-    def to_internal_value(self, data):
-        return {k: v for k, v in super().to_internal_value(data).items() if v is not None} or None
+    def run_validation(self, data=serializers.empty):
+        # The timeouts given; none given ({} or all null): the settings' (None). After
+        # validation, not in to_internal_value: a serializer's value must not be None there.
+        value = super().run_validation(data)
+        return {k: v for k, v in value.items() if v is not None} or None if isinstance(value, dict) else value
 
 
 class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
