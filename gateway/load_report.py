@@ -128,6 +128,10 @@ class LoadReport:
                 models.setdefault(route.model, [0, 0, None])[0] += route.inflight
         for model, held in gw.holds.counts().items():
             models.setdefault(model, [0, 0, None])[1] += held
+        # Requests waiting in the gateway's own queue (every replica at its batch limit) wait as an
+        # engine's queue would: the autoscaler counts them with those held.
+        for model, waiting in gw.queue.waiting().items():
+            models.setdefault(model, [0, 0, None])[1] += waiting
         for model, at in self.last_request.items():
             models.setdefault(model, [0, 0, None])[2] = at
         return models

@@ -95,7 +95,8 @@ def _describe_load(policy: Policy, s: Signals, load: float) -> str:
     if policy.metric == "requests":
         return f"{s.inflight} request(s) in flight and {s.held} held over {s.ready} ready replica(s)"
     if policy.metric == "engine_queue":
-        return f"{load:g} request(s) waiting in the engines' queues over {s.ready} ready replica(s)"
+        return (f"{load:g} request(s) waiting in the engines' queues (and the gateways') over {s.ready} ready "
+                f"replica(s)")
     return f"KV-cache use {load:.0%} over {s.ready} ready replica(s)"
 
 
