@@ -6,8 +6,8 @@ A move is a defragmentation's move (``replicas.moves``): the original is
 marked ``draining`` and keeps serving, its replacement is placed in the same
 transaction, and the original stops once the model has its ready replicas
 without it, after its in-flight requests finish. One move at a time, and
-only on a quiet cluster (no drain, no move, nothing pending, starting or
-stopping), so that it never competes with what the operator or a failure
+only on a quiet cluster (no drain, no move, no rollout running or paused,
+nothing pending, starting or stopping), so that it never competes with what the operator or a failure
 asked for. ``LLMGW_SPREAD=0`` turns it off.
 """
 
@@ -24,8 +24,8 @@ from core.events import event_record
 from nodes.models import Node
 
 from . import moves, spread
-from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
-from .models import CatalogEntry, Drain, Member, Replica
+from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus, RolloutStatus
+from .models import CatalogEntry, Drain, Member, Replica, Rollout
 from .scheduling import PlacementConflict, cluster_snapshot, placements_persist
 from .snapshot import ExistingReplica, PlacementRequest
 
@@ -35,7 +35,10 @@ logger = logging.getLogger(__name__)
 def _quiet() -> bool:
     if moves.moves_in_flight().exists() or Drain.objects.filter(status__in=DRAIN_ACTIVE).exists():
         return False
-    if Replica.objects.filter(status__in=[ReplicaStatus.PENDING, ReplicaStatus.SCHEDULED,
+    # A rollout running has its own moves to make, and a paused one holds them on purpose.
+    if Rollout.objects.filter(status__in=[RolloutStatus.RUNNING, RolloutStatus.PAUSED]).exists():
+        return False
+    if Replica.objects.filter(status__in=[ReplicaStatus.PENDING, ReplicaStatus.SCHEDULED, ReplicaStatus.STAGING,
                                           ReplicaStatus.STARTING]).exists():
         return False
     return not Member.objects.filter(replica__status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED]).exclude(

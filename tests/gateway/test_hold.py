@@ -19,7 +19,7 @@ def _gateway(policies):
     holds = hold.Holds()
     holds.policies = policies
     gw = SimpleNamespace(name="test-process", table=SimpleNamespace(by_model={}, routes={}), holds=holds,
-                         load=LoadReport(), _db=ThreadPoolExecutor(max_workers=1))
+                         queue=SimpleNamespace(waiting=dict), load=LoadReport(), _db=ThreadPoolExecutor(max_workers=1))
     return gw
 
 
