@@ -97,10 +97,13 @@ def test_args_change_rolls_every_replica_under_load_pause_resume_undo(sim_cluste
         wait_until(lambda: (Rollout.objects.first() or Rollout()).updated >= 1, timeout=60,
                    message="the first replacement ready")
         rollout.rollout_pause(name=MODEL, actor="tests")
-        # Let what was under way finish: no replacement pending or starting, no original stopping.
+        # Let what was under way finish: no replacement pending or starting, no
+        # original marked to go (still ready while its requests finish) or stopping.
         wait_until(lambda: not Replica.objects.filter(model__name=MODEL, status__in=[
             ReplicaStatus.PENDING, ReplicaStatus.SCHEDULED, ReplicaStatus.STAGING, ReplicaStatus.STARTING,
-            ReplicaStatus.STOPPING]).exists(), timeout=60, message="what the rollout had under way to finish")
+            ReplicaStatus.STOPPING]).exists() and not Replica.objects.filter(
+            model__name=MODEL, status=ReplicaStatus.READY, draining=True).exists(),
+            timeout=60, message="what the rollout had under way to finish")
         held = sorted(Replica.objects.filter(model__name=MODEL, status=ReplicaStatus.READY)
                       .values_list("revision__number", flat=True))
         time.sleep(4)
