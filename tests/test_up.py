@@ -198,6 +198,8 @@ def test_llmgw_up_on_the_embedded_default(up_runs, tmp_path):
             assert time.monotonic() < deadline, "the web process never answered its login page"
             time.sleep(0.5)
     assert login_page.status_code == 200
+    # A try again must not hide a process that died and was started again.
+    assert "exited with" not in first.output(), first.output()
     css = httpx.get(f"{base}/static/admin/css/base.css", timeout=10)
     assert css.status_code == 200 and "text/css" in css.headers["content-type"]
     schema = httpx.get(f"{base}/api/schema/", timeout=10)
