@@ -163,12 +163,16 @@ def main() -> int:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/11")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--quick", action="store_true",
+                        help="every timed phase a quarter as long: a check that it runs end to end, not figures")
     args = parser.parse_args()
     scale = 2.0 if args.full else 1.0
     durations = {"steady": 40 * scale, "step": max(60.0, args.cold_start + 40) * scale, "down": 60 * scale,
                  "noisy": 600.0 if args.full else 90.0}
     policy = {"min": 0, "max": 6, "target": 4, "up_after": 4, "down_after": 30, "cooldown": 20, "max_step": 4,
               "zero_after": 30 * scale, "hold_max": args.hold_max, "hold_wait": args.cold_start + 30}
+    if args.quick:
+        durations = {name: seconds / 4 for name, seconds in durations.items()}
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-autoscale-"))
     env = {
