@@ -163,12 +163,16 @@ def main() -> int:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/11")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--quick", action="store_true",
+                        help="every timed phase a quarter as long: a check that it runs end to end, not figures")
     args = parser.parse_args()
     scale = 2.0 if args.full else 1.0
     durations = {"steady": 40 * scale, "step": max(60.0, args.cold_start + 40) * scale, "down": 60 * scale,
                  "noisy": 600.0 if args.full else 90.0}
     policy = {"min": 0, "max": 6, "target": 4, "up_after": 4, "down_after": 30, "cooldown": 20, "max_step": 4,
               "zero_after": 30 * scale, "hold_max": args.hold_max, "hold_wait": args.cold_start + 30}
+    if args.quick:
+        durations = {name: seconds / 4 for name, seconds in durations.items()}
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-autoscale-"))
     env = {
@@ -180,57 +184,25 @@ def main() -> int:
         "PYTHONPATH": str(REPO),
     }
     os.environ.update(env)
-    from bench.failover import _free_port, _recreate_database
+    from bench._cluster import BenchCluster, database_ready
 
-    _recreate_database(args.pg, args.db_name)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    import django
-
-    django.setup()
+    database_ready(pg=args.pg, db_name=args.db_name, redis_url=args.redis)
     import aiohttp
-    import redis
-    from django.core.management import call_command
-
-    redis.Redis.from_url(args.redis).flushdb()
-    call_command("migrate", verbosity=0)
-    from agentapi.command import gunicorn_argv
-    from cli.commands import web_argv
-    from cli.simcluster import SEEDS_NODES, SimCluster, SimNode
-    from cli.up import process_commands
+    from cli.simcluster import SEEDS_NODES, SimNode
     from cli.wait import wait_until
     from core.models import Event
-    from nodes.choices import NodeStatus
-    from nodes.models import Node
-    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
-        pki_ensure_agent_listener
     from replicas.catalog import catalog_apply
 
-    pki_ensure_agent_listener(hosts=["localhost"], ips=["127.0.0.1"])
-    port, web_port = _free_port(), _free_port()
-    cluster = SimCluster(base=base, env=dict(os.environ), agent_url=f"https://127.0.0.1:{port}",
-                         agent_timings={"heartbeat_interval": "1s", "reconnect_base": "200ms", "reconnect_max": "2s",
-                                        "supervisor.health_interval": "200ms", "supervisor.stop_timeout": "3s"})
-    pki = pki_dir()
-    cluster.processes.start("agent-api", gunicorn_argv(host="127.0.0.1", port=port, certfile=str(pki / SERVER_CERT),
-                                                    keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=1))
-    commands = process_commands(host="127.0.0.1", web_port=0, agent_port=port, agent_workers=1)
-    control = [cluster.processes.start("worker", commands["worker"]).pid,
-               cluster.processes.start("beat", commands["beat"]).pid,
-               cluster.processes.start("web", web_argv(host="127.0.0.1", port=web_port)).pid]
+    cluster = BenchCluster.start(base, webs=1)
+    web_port = cluster.web_ports[0]
+    control = [cluster.processes.procs[name].pid for name in ("worker", "beat", "web")]
     url = f"http://127.0.0.1:{web_port}/v1/chat/completions"
     results: list[Result] = []
     timeline = Timeline()
     marks: dict[str, float] = {}
     cpu: dict[str, tuple[float, float]] = {}
     try:
-        def issue(name, out):
-            bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
-
-        for node in SEEDS_NODES:
-            cluster.add_node(SimNode(node.name, node.addr, node.gpus, node.fabric, node.hcas), issue_cert=issue)
-            cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == len(SEEDS_NODES), timeout=60,
-                   message="ready nodes")
+        cluster.start_nodes([SimNode(n.name, n.addr, n.gpus, n.fabric, n.hcas) for n in SEEDS_NODES])
         catalog_apply(entries=[{"name": MODEL, "engine": "sim", "model": "/models/auto", "nodes": 1,
                                 "gpus_per_node": 1, "replicas": 1, "autoscale": policy,
                                 "args": ["--token-delay", str(args.token_delay), "--max-num-seqs",

@@ -34,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _cluster import BenchCluster, database_ready  # noqa: E402 - bench/ sibling
+
 DB_NAME = "llmgw_bench_failover"
 
 
@@ -66,58 +68,26 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     os.environ.update(env)
-    _recreate_database(args.pg, args.db_name)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    import django
-
-    django.setup()
-    import redis
-    from django.core.management import call_command
-
-    redis.Redis.from_url(args.redis).flushdb()
-    call_command("migrate", verbosity=0)
-    from agentapi.command import gunicorn_argv
-    from cli.simcluster import SEEDS_NODES, SimCluster, SimNode
-    from cli.up import process_commands
+    database_ready(pg=args.pg, db_name=args.db_name, redis_url=args.redis)
+    from cli.simcluster import SEEDS_NODES, SimNode
     from cli.wait import wait_until
     from core.models import Event
     from nodes.choices import NodeStatus
     from nodes.models import Node
-    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
-        pki_ensure_agent_listener
     from replicas.catalog import catalog_apply
     from replicas.choices import ReplicaStatus
     from replicas.models import Replica
 
-    pki_ensure_agent_listener(hosts=["localhost"], ips=["127.0.0.1"])
-    port = _free_port()
-    cluster = SimCluster(
-        base=base, env=dict(os.environ), agent_url=f"https://127.0.0.1:{port}",
-        agent_timings={"heartbeat_interval": "1s", "reconnect_base": "200ms", "reconnect_max": "2s",
-                       "supervisor.health_interval": "200ms", "supervisor.stop_timeout": "3s"},
-    )
-    pki = pki_dir()
-    cluster.processes.start("agent-api", gunicorn_argv(host="127.0.0.1", port=port, certfile=str(pki / SERVER_CERT),
-                                                    keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=1))
-    commands = process_commands(host="127.0.0.1", web_port=0, agent_port=port, agent_workers=1)
-    cluster.processes.start("worker", commands["worker"])
-    cluster.processes.start("beat", commands["beat"])
+    cluster = BenchCluster.start(base)
     results = []
     try:
-        def issue(name, out):
-            bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
-
         if args.topology == "fabric3":
             nodes = [SimNode(f"hx{i}", f"127.0.7.{i}", gpus=6, fabric="fab-x") for i in (1, 2, 3)]
             wanted = 1
         else:
             nodes = [SimNode(n.name, n.addr, n.gpus, n.fabric, n.hcas) for n in SEEDS_NODES]
             wanted = 2
-        for node in nodes:
-            cluster.add_node(node, issue_cert=issue)
-            cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == len(nodes), timeout=60,
-                   message=f"{len(nodes)} ready nodes")
+        cluster.start_nodes(nodes)
         catalog_apply(entries=[{"name": "llama-70b", "engine": "sim", "model": "/models/llama-70b",
                                 "nodes": 2, "gpus_per_node": 4, "replicas": wanted}])
         modes = ["kill", "freeze"] if args.mode == "both" else [args.mode]
@@ -181,23 +151,6 @@ def _dt(ts: float):
     import datetime as dt
 
     return dt.datetime.fromtimestamp(ts - 0.5, tz=dt.timezone.utc)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _recreate_database(server: str, name: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 if __name__ == "__main__":

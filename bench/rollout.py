@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from _cluster import BenchCluster, database_ready  # noqa: E402
 from _http_load import Connection, Sample, build_request, percentile  # noqa: E402
 
 DB_NAME = "llmgw_bench_rollout"
@@ -125,57 +126,22 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     os.environ.update(env)
-    _recreate_database(args.pg, args.db_name)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    import django
-
-    django.setup()
+    database_ready(pg=args.pg, db_name=args.db_name, redis_url=args.redis)
     import httpx
-    import redis
-    from django.core.management import call_command
-
-    redis.Redis.from_url(args.redis).flushdb()
-    call_command("migrate", verbosity=0)
-    from agentapi.command import gunicorn_argv
-    from cli.simcluster import SimCluster, SimNode
-    from cli.up import process_commands
+    from cli.simcluster import SimNode
     from cli.wait import wait_until
-    from nodes.choices import NodeStatus
-    from nodes.models import Node
-    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
-        pki_ensure_agent_listener
     from replicas.catalog import catalog_apply
     from replicas.choices import ReplicaStatus, RolloutStatus
     from replicas.models import Replica, Rollout
 
-    pki_ensure_agent_listener(hosts=["localhost"], ips=["127.0.0.1"])
-    agent_port, web_port = _free_port(), _free_port()
-    cluster = SimCluster(
-        base=base, env=dict(os.environ), agent_url=f"https://127.0.0.1:{agent_port}",
-        agent_timings={"heartbeat_interval": "1s", "reconnect_base": "200ms", "reconnect_max": "2s",
-                       "supervisor.health_interval": "200ms", "supervisor.stop_timeout": "3s"},
-    )
-    pki = pki_dir()
-    cluster.processes.start("agent-api", gunicorn_argv(
-        host="127.0.0.1", port=agent_port, certfile=str(pki / SERVER_CERT), keyfile=str(pki / SERVER_KEY),
-        cafile=str(pki / CA_CERT), workers=1))
-    commands = process_commands(host="127.0.0.1", web_port=web_port, agent_port=agent_port, agent_workers=1)
-    for name in ("web", "worker", "beat"):
-        cluster.processes.start(name, commands[name])
+    cluster = BenchCluster.start(base, webs=1)
+    web_port = cluster.web_ports[0]
     model = "llama-8b"
     entry = {"name": model, "engine": "sim", "model": "/models/llama-8b", "nodes": 1, "gpus_per_node": 4,
              "replicas": args.replicas, "max_surge": args.surge}
     load = None
     try:
-        def issue(name, out):
-            bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
-
-        nodes = [SimNode(f"node{i:02d}", f"127.0.1.{i}", gpus=8, fabric=None) for i in range(1, 9)]
-        for node in nodes:
-            cluster.add_node(node, issue_cert=issue)
-            cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == len(nodes), timeout=60,
-                   message=f"{len(nodes)} ready nodes")
+        cluster.start_nodes([SimNode(f"node{i:02d}", f"127.0.1.{i}", gpus=8, fabric=None) for i in range(1, 9)])
         catalog_apply(entries=[entry])
         wait_until(lambda: Replica.objects.filter(status=ReplicaStatus.READY).count() == args.replicas, timeout=120,
                    message=f"{args.replicas} ready replicas")
@@ -234,23 +200,6 @@ def _routes(httpx, port: int, model: str) -> bool:
         return any(m["id"] == model for m in httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"])
     except (httpx.HTTPError, ValueError, KeyError):
         return False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _recreate_database(server: str, name: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 if __name__ == "__main__":

@@ -380,53 +380,23 @@ def main() -> int:
         # The sim's tokens are words: 5 letters and a space.
         "LLMGW_ROUTING_CHARS_PER_TOKEN": os.environ.get("LLMGW_ROUTING_CHARS_PER_TOKEN", "6"),
     })
-    from failover import _free_port, _recreate_database  # noqa: PLC0415 - bench/ siblings
+    from _cluster import BenchCluster, database_ready  # noqa: PLC0415 - bench/ siblings
 
-    _recreate_database(args.pg, args.db_name)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    import django
-
-    django.setup()
-    import redis
-    from django.core.management import call_command
-
-    redis.Redis.from_url(args.redis).flushdb()
-    call_command("migrate", verbosity=0)
-    from agentapi.command import gunicorn_argv
-    from cli.commands import web_argv
-    from cli.simcluster import SimCluster, SimNode
-    from cli.up import process_commands
+    database_ready(pg=args.pg, db_name=args.db_name, redis_url=args.redis)
+    from cli.simcluster import SimNode
     from cli.wait import wait_until
-    from nodes.choices import NodeStatus
-    from nodes.models import Node
-    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
-        pki_ensure_agent_listener
     from replicas.catalog import catalog_apply
     from replicas.choices import ReplicaStatus
     from replicas.models import Member
 
-    pki_ensure_agent_listener(hosts=["localhost"], ips=["127.0.0.1"])
-    port = _free_port()
-    cluster = SimCluster(base=base, env=dict(os.environ), agent_url=f"https://127.0.0.1:{port}",
-                         agent_timings={"heartbeat_interval": "1s", "supervisor.health_interval": "500ms"})
-    pki = pki_dir()
-    cluster.processes.start("agent-api", gunicorn_argv(host="127.0.0.1", port=port, certfile=str(pki / SERVER_CERT),
-                                                    keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=1))
-    commands = process_commands(host="127.0.0.1", web_port=0, agent_port=port, agent_workers=1)
-    cluster.processes.start("worker", commands["worker"])
-    cluster.processes.start("beat", commands["beat"])
-    web_ports = [_free_port() for _ in range(args.gateways)]
-    webs = [cluster.processes.start(f"web{i}", web_argv(host="127.0.0.1", port=p)) for i, p in enumerate(web_ports)]
-    gateways = [f"http://127.0.0.1:{p}" for p in web_ports]
+    cluster = BenchCluster.start(base, webs=args.gateways,
+                                 agent_timings={"heartbeat_interval": "1s", "supervisor.health_interval": "500ms"})
+    webs, gateways = cluster.webs, cluster.gateways
     phases: list[Phase] = []
     entry = {"name": MODEL, "engine": "sim", "model": "/models/sim-8b", "nodes": 1, "gpus_per_node": 1,
              "replicas": REPLICAS, "args": ENGINE_ARGS}
     try:
-        node = SimNode("bench-routing", args.node_addr, gpus=REPLICAS)
-        cluster.add_node(node, issue_cert=lambda name, out: bundle_write(issued=cert_issue_client(node_id=name),
-                                                                         out_dir=out))
-        cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == 1, timeout=60, message="ready node")
+        cluster.start_nodes([SimNode("bench-routing", args.node_addr, gpus=REPLICAS)])
         catalog_apply(entries=[entry])
         wait_until(lambda: Member.objects.filter(replica__status=ReplicaStatus.READY).count() == REPLICAS,
                    timeout=120, message=f"{REPLICAS} ready replicas")

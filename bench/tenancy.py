@@ -212,14 +212,14 @@ def main() -> int:
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
-    from failover import _recreate_database  # noqa: PLC0415 - bench/ sibling
+    from _cluster import recreate_database  # noqa: PLC0415 - bench/ sibling
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-tenancy-"))
     env = dict(os.environ, DATABASE_URL=f"{args.pg}/{args.db_name}", CELERY_BROKER_URL=args.redis,
                LLMGW_REDIS_URL=args.redis, LLMGW_DATA_DIR=str(base / "data"), LLMGW_GATEWAY_OPEN="0",
                LLMGW_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="llmgw_site.settings",
                LLMGW_GATEWAY_BATCH_HEADROOM="0.25")
-    _recreate_database(args.pg, args.db_name)
+    recreate_database(args.pg, args.db_name)
     import redis
 
     redis.Redis.from_url(args.redis).flushdb()

@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _cluster import AGENT_TIMINGS, BenchCluster, database_ready  # noqa: E402 - bench/ sibling
+
 DB_NAME = "llmgw_bench_weights"
 
 
@@ -98,15 +100,12 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     os.environ.update(env)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
     results: dict[str, list[tuple[float, float, bool]]] = {"spare": [], "none": []}
     if not args.skip_cluster:
-        _recreate_database(args.pg, args.db_name)
-        import django
-
-        django.setup()
+        database_ready(pg=args.pg, db_name=args.db_name, redis_url=args.redis)
         results = _cluster(args, base)
     else:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
         import django
 
         django.setup()
@@ -132,52 +131,23 @@ def main() -> int:
 
 
 def _cluster(args, base: Path) -> dict[str, list[tuple[float, float, bool]]]:
-    import redis
-    from django.core.management import call_command
-
-    redis.Redis.from_url(args.redis).flushdb()
-    call_command("migrate", verbosity=0)
-    from agentapi.command import gunicorn_argv
-    from cli.simcluster import SimCluster, SimNode
-    from cli.up import process_commands
+    from cli.simcluster import SimNode
     from cli.wait import wait_until
     from core.models import Event
     from nodes.choices import NodeStatus
     from nodes.models import Node
-    from pki.services import CA_CERT, SERVER_CERT, SERVER_KEY, bundle_write, cert_issue_client, pki_dir, \
-        pki_ensure_agent_listener
     from replicas.catalog import catalog_apply, model_scale
     from replicas.choices import ReplicaStatus
     from replicas.models import CachedWeights, Replica
     from tests.weightservers import WeightsServer
 
-    pki_ensure_agent_listener(hosts=["localhost"], ips=["127.0.0.1"])
-    port = _free_port()
-    cluster = SimCluster(
-        base=base, env=dict(os.environ), agent_url=f"https://127.0.0.1:{port}",
-        agent_timings={"heartbeat_interval": "1s", "reconnect_base": "200ms", "reconnect_max": "2s",
-                       "supervisor.health_interval": "200ms", "supervisor.stop_timeout": "3s",
-                       "weights": {"cache_dir": "weights", "budget": "20G", "downloads": 1}},
-    )
-    pki = pki_dir()
-    cluster.processes.start("agent-api", gunicorn_argv(host="127.0.0.1", port=port, certfile=str(pki / SERVER_CERT),
-                                                    keyfile=str(pki / SERVER_KEY), cafile=str(pki / CA_CERT), workers=1))
-    commands = process_commands(host="127.0.0.1", web_port=0, agent_port=port, agent_workers=1)
-    cluster.processes.start("worker", commands["worker"])
-    cluster.processes.start("beat", commands["beat"])
+    cluster = BenchCluster.start(base, agent_timings={
+        **AGENT_TIMINGS, "weights": {"cache_dir": "weights", "budget": "20G", "downloads": 1}})
     server = WeightsServer().start()
     server.rate = args.link
     results: dict[str, list[tuple[float, float, bool]]] = {"spare": [], "none": []}
     try:
-        def issue(name, out):
-            bundle_write(issued=cert_issue_client(node_id=name), out_dir=out)
-
-        nodes = [SimNode(f"wx{i}", f"127.0.8.{i}", gpus=8, fabric="fab-w") for i in (1, 2, 3)]
-        for node in nodes:
-            cluster.add_node(node, issue_cert=issue)
-            cluster.start_agent(node.name)
-        wait_until(lambda: Node.objects.filter(status=NodeStatus.READY).count() == len(nodes), timeout=60,
-                   message="3 ready nodes")
+        cluster.start_nodes([SimNode(f"wx{i}", f"127.0.8.{i}", gpus=8, fabric="fab-w") for i in (1, 2, 3)])
         for run in range(args.runs):
             for scenario in ("spare", "none"):
                 name = f"{scenario}-{run}"
@@ -224,23 +194,6 @@ def _dt(ts: float):
     import datetime as dt
 
     return dt.datetime.fromtimestamp(ts - 0.5, tz=dt.timezone.utc)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _recreate_database(server: str, name: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 if __name__ == "__main__":
