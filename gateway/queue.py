@@ -73,10 +73,11 @@ class Refusal(Exception):
 
 
 class _Waiter:
-    __slots__ = ("future", "key_id", "rank")
+    __slots__ = ("future", "key_id", "rank", "granted")
 
     def __init__(self, future: asyncio.Future, key_id: int, rank: int) -> None:
         self.future, self.key_id, self.rank = future, key_id, rank
+        self.granted = False  # woken with a slot: counted in _ModelQueue.granted until it goes or leaves
 
 
 class _ModelQueue:
@@ -188,7 +189,8 @@ class GatewayQueue:
                 QUEUED.labels(model, priority, "full").inc()
                 raise refusal
             QUEUED.labels(model, _CLASS_NAMES[evicted.rank], "full").inc()
-            evicted.future.set_exception(refusal)
+            if not evicted.future.done():  # (a waiter whose client left this turn has a cancelled one)
+                evicted.future.set_exception(refusal)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), key_id, rank)
         queue.push(waiter)
@@ -199,13 +201,18 @@ class GatewayQueue:
             async with asyncio.timeout(settings.wait):
                 await waiter.future
         except TimeoutError:
+            if waiter.granted:
+                # Woken in the very turn its wait ran out: the slot is this request's; go.
+                queue.granted -= 1
+                QUEUED.labels(model, priority, "served").inc()
+                return True
             queue.remove(waiter)
             QUEUED.labels(model, priority, "timeout").inc()
             raise Refusal(503, ErrorKind.QUEUE_FULL, f"Model `{model}` stayed at capacity on every replica for "
                           f"{settings.wait:g}s while this request waited; retry later.",
                           retry_after=max(1, math.ceil(min(settings.wait, 10)))) from None
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
+            if waiter.granted:
                 queue.granted -= 1  # woken but gone: its slot goes to the next
                 self.dispatch(gw, model)
             else:
@@ -231,6 +238,7 @@ class GatewayQueue:
             if waiter.future.done():
                 continue
             queue.granted += 1
+            waiter.granted = True
             waiter.future.set_result(True)
 
     async def _door(self, gw, model: str) -> None:

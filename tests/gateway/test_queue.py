@@ -179,3 +179,52 @@ def test_through_the_gateway_interactive_passes_a_batch_flood(gateway_web, make_
     assert refused.json()["error"]["code"] == "queue_full" and int(refused.headers["retry-after"]) >= 1
     # The three batch requests ran one at a time: the last finished after about three generations.
     assert max(t for a, t in flood if a.status_code == 200) > 2.5
+
+
+def _same_turn(loop, wait: float, free) -> None:
+    """Block the loop past a waiter's deadline, then run ``free`` first in the turn its timeout fires: the waiter
+    is woken and timed out at once (the race a busy gateway meets)."""
+    loop.call_later(0.001, time.sleep, wait * 2)
+    loop.call_later(0.002, free)
+
+
+def test_woken_in_the_turn_its_wait_runs_out_it_goes_and_nothing_stays_spoken_for():
+    async def scenario():
+        gw, (route,) = _gw(1, 1)
+        queue = _queue(1, wait=0.05)
+        waiting = asyncio.create_task(queue.enter(gw, "m", 1, "standard"))
+        await asyncio.sleep(0)
+
+        def free():
+            route._inflight = 0
+            queue.dispatch(gw, "m")
+
+        _same_turn(asyncio.get_running_loop(), 0.05, free)
+        went = await waiting
+        return went, queue.models["m"].granted
+
+    # Before: a 503 for a request that had its slot, and the slot spoken for for ever (one less each time).
+    assert asyncio.run(scenario()) == (True, 0)
+
+
+def test_an_evicted_waiter_whose_client_left_in_the_same_turn():
+    async def scenario():
+        gw, (route,) = _gw(1, 1)
+        queue = _queue(1, most=1)
+        batch = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        await asyncio.sleep(0.01)
+
+        def free():
+            route._inflight = 0
+            queue.dispatch(gw, "m")
+
+        asyncio.get_running_loop().call_later(0.05, free)
+        batch.cancel()  # its future is cancelled now; its own clean-up runs on its next step
+        # In this same turn, a request of a higher class takes the full queue's place: the batch one's.
+        went = await queue.enter(gw, "m", 2, "interactive")
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        return went, queue.models["m"].granted, queue.waiting()
+
+    # Before: InvalidStateError (a 500) for the interactive request.
+    assert asyncio.run(scenario()) == (True, 0, {})
