@@ -102,6 +102,7 @@ class GatewayHandler(ASGIHandler):
                 this.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
+        response = None
         try:
             try:
                 response = await view(request, **kwargs)
@@ -116,6 +117,8 @@ class GatewayHandler(ASGIHandler):
         finally:
             state["finished"] = True
             watcher.cancel()
+            if response is not None and response.streaming:
+                _run_closers(response)
 
     @staticmethod
     async def _read_body(receive, send) -> bytes | None:
@@ -170,6 +173,18 @@ class GatewayHandler(ASGIHandler):
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _run_closers(response) -> None:
+    """What ``response.close()`` does for its resources (a stream's relay: gateway.proxy), without the
+    request_finished signal this path never sends. Whatever happened to the send: a stream whose client left
+    before its first chunk never started its relay, and only the closer gives back what it holds."""
+    for closer in response._resource_closers:
+        try:
+            closer()
+        except Exception:
+            logger.exception("gateway: a response's closer failed")
+    response._resource_closers.clear()
 
 
 def _closing(response):

@@ -72,6 +72,9 @@ class Holds:
             async with asyncio.timeout(wait):
                 await turn
         except TimeoutError:
+            if turn.done() and not turn.cancelled():
+                HELD.labels(model, "served").inc()  # let go in the very turn its wait ran out: it goes
+                return None
             HELD.labels(model, "timeout").inc()
             return _starting(503, model, f"no replica was ready within {wait:g}s", retry=min(wait, 10))
         finally:

@@ -48,6 +48,8 @@ REASONS = {RPM: "requests per minute", TPM: "tokens per minute", CONCURRENT: "co
 CONCURRENCY_TTL = 3600
 # How long a settle waits to share the next admission's round trip.
 SETTLE_DELAY = 0.002
+# Seconds for one round trip (or a connect) to Redis before the batch is admitted without limits.
+REDIS_TIMEOUT = 2.0
 
 _ADMIT = """
 local limits = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
@@ -228,7 +230,9 @@ class RedisLimiter:
     def __init__(self, url: str) -> None:
         import redis.asyncio as aredis
 
-        self.client = aredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        # No per-read timeout from redis-py (it wraps every read in a timeout of its own): one per round trip.
+        self.client = aredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=REDIS_TIMEOUT)
+        self._conn = None  # the limiter's own connection: flushes never overlap, so one is enough
         self._sha: tuple[str, str] | None = None
         self._pending: list[tuple[str, tuple, asyncio.Future | None]] = []
         self._flushing: asyncio.Task | None = None
@@ -238,6 +242,31 @@ class RedisLimiter:
         if self._sha is None:
             self._sha = (await self.client.script_load(_ADMIT), await self.client.script_load(_SETTLE))
         return self._sha
+
+    async def _roundtrip(self, commands: list[tuple]) -> list:
+        """The commands' answers (an error as its exception), in one write and one wait: on the limiter's own
+        connection, without the pool's and the pipeline object's bookkeeping (most of the limiter's CPU)."""
+        from redis.exceptions import ResponseError
+
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self.client.connection_pool.get_connection()
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT):
+                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                results = []
+                for _ in commands:
+                    try:
+                        results.append(await conn.read_response())
+                    except ResponseError as exc:
+                        results.append(exc)
+                return results
+        except BaseException:
+            # Answers may still be on their way: a fresh connection next time, never one out of step.
+            self._conn = None
+            await self.client.connection_pool.release(conn)
+            await conn.disconnect()
+            raise
 
     def _send(self, which: str, args: tuple, future: asyncio.Future | None) -> None:
         self._pending.append((which, args, future))
@@ -281,10 +310,8 @@ class RedisLimiter:
 
         for attempt in (1, 2):
             admit, settle = await self._shas()
-            pipe = self.client.pipeline(transaction=False)
-            for which, args, _ in batch:
-                pipe.evalsha(admit if which == "admit" else settle, *args)
-            results = await pipe.execute(raise_on_error=False)
+            results = await self._roundtrip([("EVALSHA", admit if which == "admit" else settle, *args)
+                                             for which, args, _ in batch])
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
                 self._sha = None  # Redis restarted, or its scripts were flushed
                 continue
@@ -327,6 +354,9 @@ class RedisLimiter:
                 await self._flushing
             except Exception:
                 pass
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await self.client.connection_pool.release(conn)
         await self.client.aclose()
 
 

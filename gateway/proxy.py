@@ -200,18 +200,71 @@ async def _exchange(gw: Gateway, route: Route, path: str, payload: bytes, stream
 
 def _streaming(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, first: bytes, strip_usage: bool,
                timeouts: Timeouts, total: float | None) -> StreamingHttpResponse:
+    relay = _Relay(attempt, route, response)
     result = StreamingHttpResponse(
-        _relay(attempt, route, response, first, strip_usage, timeouts, total),
+        _relay(relay, first, strip_usage, timeouts, total),
         content_type=response.headers.get("Content-Type", "text/event-stream"),
     )
+    # Django's way to free what a response holds: close() runs its closers (gateway.asgi runs them too).
+    result._resource_closers.append(relay.close)
     result["Cache-Control"] = "no-cache"
     result["X-Accel-Buffering"] = "no"
     result["X-Llmgw-Replica"] = route.label
     return result
 
 
-async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, first: bytes, strip_usage: bool,
-                 timeouts: Timeouts, total: float | None) -> AsyncIterator[bytes]:
+class _Relay:
+    """What a streamed answer holds until it ends (the key's concurrency slot and token reservation, the
+    replica's in-flight count, the upstream connection), given back once.
+
+    The relay generator gives it back when it ends. A client that leaves
+    between the response's head and its first chunk (the head's write waits
+    for room in a slow reader's socket, and the disconnect cancels it there)
+    means the generator never starts, and a generator that never started
+    runs no ``finally``: the response's closer gives it back then."""
+
+    __slots__ = ("attempt", "route", "response", "loop", "started", "ended")
+
+    def __init__(self, attempt: Attempt, route: Route, response: aiohttp.ClientResponse) -> None:
+        self.attempt, self.route, self.response = attempt, route, response
+        self.loop = asyncio.get_running_loop()
+        self.started = self.ended = False
+
+    def end(self, code: int, kind: str | None, finished: bool, prompt: int = 0, completion: int = 0) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.route.inflight -= 1
+        if finished:
+            self.response.release()
+        else:
+            self.response.close()  # the engine sees the connection go and stops generating
+        attempt = self.attempt
+        attempt.gw.count(attempt.key, prompt, completion, request=0)
+        attempt.used = (prompt, completion)
+        attempt.done(self.route, code, kind)
+
+    def close(self) -> None:
+        """The response's closer: after the last chunk, or instead of any. Runs on the event loop (Django's
+        own handler calls closers from a thread)."""
+        if self.ended:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self.end(499, ErrorKind.CLIENT_DISCONNECTED, False)
+        else:
+            self.loop.call_soon_threadsafe(self.end, 499, ErrorKind.CLIENT_DISCONNECTED, False)
+
+
+async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeouts,
+                 total: float | None) -> AsyncIterator[bytes]:
+    relay.started = True
+    if relay.ended:  # closed before its first chunk was asked for
+        return
+    attempt, route, response = relay.attempt, relay.route, relay.response
     gw, model = attempt.gw, attempt.model
     finished = False
     code, kind = 200, None
@@ -252,14 +305,7 @@ async def _relay(attempt: Attempt, route: Route, response: aiohttp.ClientRespons
         logger.warning("stream broken model=%s replica=%s error=%r", model, route.replica_id, exc)
         yield sse_error(f"replica {route.replica_id} of {model} broke off the stream: {exc}", kind, 502)
     finally:
-        route.inflight -= 1
-        if finished:
-            response.release()
-        else:
-            response.close()  # the engine sees the connection go and stops generating
-        gw.count(attempt.key, prompt, completion, request=0)
-        attempt.used = (prompt, completion)
-        attempt.done(route, code, kind)
+        relay.end(code, kind, finished, prompt, completion)
 
 
 def _take_usage(chunk: bytes, strip: bool) -> tuple[bytes, tuple[int, int]]:

@@ -4,12 +4,16 @@ requests wait here instead of piling onto the engines.
 A replica's capacity is its engine's batch limit (``--max-num-seqs`` in the
 catalog entry's args, vLLM's default otherwise) plus the engine queue allowed
 (``LLMGW_GATEWAY_ENGINE_QUEUE``); its load is this process's requests in
-flight on it, and it is full whatever that count when its engine last said it
-queues more than allowed (gateway.engineload: the requests of other gateway
-processes show there). The engine's running count is not used as the load:
-read once a second, it is stale by the time a slot frees, and taking it as a
-floor made requests wait for the next reading (measured: interactive TTFT
-p90 38x its unloaded value). Batch keys fill a replica only up to
+flight on it now plus the other gateway processes' share of the engine's
+last reading (its running and waiting less what this process had there when
+it was read: gateway.engineload, as routing counts it), so that two
+processes do not each fill an engine to its batch limit; and it is full
+whatever those counts when its engine last said it queues more than
+allowed. The engine's whole running count is not used as the load: read once
+a second, it is stale by the time a slot frees, and taking it as a floor made
+requests wait for the next reading (measured: interactive TTFT p90 38x its
+unloaded value); this process's own part of it is taken from its own count,
+which is exact. Batch keys fill a replica only up to
 ``1 - LLMGW_GATEWAY_BATCH_HEADROOM`` of its capacity: the rest is kept for
 interactive and standard keys, so that a batch flood never makes them wait.
 
@@ -58,6 +62,13 @@ def batch_limit(args: list[str] | None) -> int:
     return DEFAULT_MAX_NUM_SEQS
 
 
+def others_share(running: int | None, waiting: int, own_at_read: int) -> int:
+    """The other gateway processes' requests on a replica, as its engine's last reading counted them: what it
+    ran and queued less this process's own then (gateway.scoring's Candidate.load does the same for routing).
+    Added to this process's own count now, which is exact and fresh: only the others' part is a reading old."""
+    return max(0, (running or 0) + waiting - own_at_read)
+
+
 @dataclass(frozen=True)
 class QueueSettings:
     most: int  # waiting per model and process
@@ -73,10 +84,11 @@ class Refusal(Exception):
 
 
 class _Waiter:
-    __slots__ = ("future", "key_id", "rank")
+    __slots__ = ("future", "key_id", "rank", "granted")
 
     def __init__(self, future: asyncio.Future, key_id: int, rank: int) -> None:
         self.future, self.key_id, self.rank = future, key_id, rank
+        self.granted = False  # woken with a slot: counted in _ModelQueue.granted until it goes or leaves
 
 
 class _ModelQueue:
@@ -156,10 +168,13 @@ class GatewayQueue:
         free = 0
         engine_queue = self.settings.engine_queue
         for route in routes:
-            reading = route.engine
-            if reading is not None and reading.waiting and reading.waiting > engine_queue and reading.fresh:
-                continue  # the engine queues more than allowed (other gateway processes' requests too): full
             load = route._inflight
+            reading = route.engine
+            if reading is not None and reading.fresh:
+                waiting = reading.waiting or 0
+                if waiting > engine_queue:
+                    continue  # the engine queues more than allowed: full
+                load += others_share(reading.running, waiting, reading.own_at_read)
             if load < capacity:
                 free += capacity - load
         queue = self.models.get(model)
@@ -188,7 +203,8 @@ class GatewayQueue:
                 QUEUED.labels(model, priority, "full").inc()
                 raise refusal
             QUEUED.labels(model, _CLASS_NAMES[evicted.rank], "full").inc()
-            evicted.future.set_exception(refusal)
+            if not evicted.future.done():  # (a waiter whose client left this turn has a cancelled one)
+                evicted.future.set_exception(refusal)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), key_id, rank)
         queue.push(waiter)
@@ -199,13 +215,18 @@ class GatewayQueue:
             async with asyncio.timeout(settings.wait):
                 await waiter.future
         except TimeoutError:
+            if waiter.granted:
+                # Woken in the very turn its wait ran out: the slot is this request's; go.
+                queue.granted -= 1
+                QUEUED.labels(model, priority, "served").inc()
+                return True
             queue.remove(waiter)
             QUEUED.labels(model, priority, "timeout").inc()
             raise Refusal(503, ErrorKind.QUEUE_FULL, f"Model `{model}` stayed at capacity on every replica for "
                           f"{settings.wait:g}s while this request waited; retry later.",
                           retry_after=max(1, math.ceil(min(settings.wait, 10)))) from None
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
+            if waiter.granted:
                 queue.granted -= 1  # woken but gone: its slot goes to the next
                 self.dispatch(gw, model)
             else:
@@ -231,6 +252,7 @@ class GatewayQueue:
             if waiter.future.done():
                 continue
             queue.granted += 1
+            waiter.granted = True
             waiter.future.set_result(True)
 
     async def _door(self, gw, model: str) -> None:

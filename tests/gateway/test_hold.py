@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -91,3 +92,20 @@ def test_a_client_that_goes_away_leaves_the_queue(asked):
         return await again
 
     assert asyncio.run(scenario()) is None
+
+
+def test_let_go_in_the_turn_its_wait_runs_out_it_goes(asked):
+    gw = _gateway({"qwen": (10, 0.05)})
+
+    async def scenario():
+        held = asyncio.ensure_future(gw.holds.hold(gw, "qwen"))
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        door = gw.holds._doors["qwen"]
+        door.cancel()  # the test lets it go itself, in the turn the wait runs out
+        loop.call_later(0.001, time.sleep, 0.1)
+        loop.call_later(0.002, lambda: gw.holds.queues["qwen"][0].set_result(True))
+        return await held, gw.holds.counts()
+
+    # A replica was ready for it: it goes, rather than a 503 saying none was.
+    assert asyncio.run(scenario()) == (None, {})

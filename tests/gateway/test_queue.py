@@ -82,6 +82,26 @@ def test_room_means_no_wait_and_batch_leaves_headroom():
     asyncio.run(scenario())
 
 
+def test_room_counts_the_other_gateways_share_of_a_fresh_reading():
+    from gateway.engineload import EngineReading
+
+    gw, (route,) = _gw(4, 1)
+    queue = _queue(4)
+    assert queue._room(gw, "m", 1) == 3  # no reading: this process's own count alone
+    # The engine ran 3 when this process had 1 there: 2 are other gateways'; this process's own is now 1.
+    route.engine = EngineReading(running=3, waiting=0, own_at_read=1, stale_at=time.monotonic() + 5)
+    assert queue._room(gw, "m", 1) == 1
+    route._inflight = 0  # one of its own ended since: exact at once, without waiting for the next reading
+    assert queue._room(gw, "m", 1) == 2
+    # This process's own requests the engine had not counted yet are not taken for the others' (never below 0).
+    route.engine = EngineReading(running=0, waiting=0, own_at_read=3, stale_at=time.monotonic() + 5)
+    assert queue._room(gw, "m", 1) == 4
+    route.engine = EngineReading(running=4, waiting=0, own_at_read=0, stale_at=time.monotonic() + 5)
+    assert queue._room(gw, "m", 1) == 0
+    route.engine.stale_at = time.monotonic() - 1  # a stale reading counts for nothing
+    assert queue._room(gw, "m", 1) == 4
+
+
 def test_bounds_count_then_wait():
     async def scenario():
         gw, _ = _gw(1, 1)
@@ -179,3 +199,92 @@ def test_through_the_gateway_interactive_passes_a_batch_flood(gateway_web, make_
     assert refused.json()["error"]["code"] == "queue_full" and int(refused.headers["retry-after"]) >= 1
     # The three batch requests ran one at a time: the last finished after about three generations.
     assert max(t for a, t in flood if a.status_code == 200) > 2.5
+
+
+def _same_turn(loop, wait: float, free) -> None:
+    """Block the loop past a waiter's deadline, then run ``free`` first in the turn its timeout fires: the waiter
+    is woken and timed out at once (the race a busy gateway meets)."""
+    loop.call_later(0.001, time.sleep, wait * 2)
+    loop.call_later(0.002, free)
+
+
+def test_woken_in_the_turn_its_wait_runs_out_it_goes_and_nothing_stays_spoken_for():
+    async def scenario():
+        gw, (route,) = _gw(1, 1)
+        queue = _queue(1, wait=0.05)
+        waiting = asyncio.create_task(queue.enter(gw, "m", 1, "standard"))
+        await asyncio.sleep(0)
+
+        def free():
+            route._inflight = 0
+            queue.dispatch(gw, "m")
+
+        _same_turn(asyncio.get_running_loop(), 0.05, free)
+        went = await waiting
+        return went, queue.models["m"].granted
+
+    # Before: a 503 for a request that had its slot, and the slot spoken for for ever (one less each time).
+    assert asyncio.run(scenario()) == (True, 0)
+
+
+def test_an_evicted_waiter_whose_client_left_in_the_same_turn():
+    async def scenario():
+        gw, (route,) = _gw(1, 1)
+        queue = _queue(1, most=1)
+        batch = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        await asyncio.sleep(0.01)
+
+        def free():
+            route._inflight = 0
+            queue.dispatch(gw, "m")
+
+        asyncio.get_running_loop().call_later(0.05, free)
+        batch.cancel()  # its future is cancelled now; its own clean-up runs on its next step
+        # In this same turn, a request of a higher class takes the full queue's place: the batch one's.
+        went = await queue.enter(gw, "m", 2, "interactive")
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        return went, queue.models["m"].granted, queue.waiting()
+
+    # Before: InvalidStateError (a 500) for the interactive request.
+    assert asyncio.run(scenario()) == (True, 0, {})
+
+
+def test_two_gateway_processes_do_not_overfill_an_engine(gateway_web, make_replica, sim_engine):
+    """Each process counts the other's requests (the engine's reading less its own) toward the batch limit."""
+    import re
+
+    from gateway.load_report import deployment_load
+    from replicas.models import CatalogEntry
+
+    port = sim_engine("m", token_delay=0.05)
+    make_replica("m", port)
+    CatalogEntry.objects.filter(name="m").update(args=["--max-num-seqs", "2"])
+    env = {"LLMGW_GATEWAY_OPEN": "1", "LLMGW_GATEWAY_ENGINE_QUEUE": "0",
+           "LLMGW_GATEWAY_ENGINE_SCRAPE_INTERVAL": "0.2"}
+    first, second = gateway_web(**env), gateway_web(**env)
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 40}  # ~2 s each
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def running() -> int:
+                page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+                return int(float(re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)", page, re.M).group(1)))
+
+            fills = [asyncio.create_task(client.post(f"{first.url}/v1/chat/completions", json=body))
+                     for _ in range(2)]
+            while await running() < 2:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.6)  # the second process has read the engine since
+            late = asyncio.create_task(client.post(f"{second.url}/v1/chat/completions", json=body))
+            most, queued = 0, 0
+            while not late.done():
+                most = max(most, await running())
+                queued = max(queued, deployment_load().get("m", (0, 0, None))[1])
+                await asyncio.sleep(0.05)
+            return most, queued, [a.status_code for a in await asyncio.gather(*fills)], (await late).status_code
+
+    most, queued, fills, late = asyncio.run(scenario())
+    assert fills == [200, 200] and late == 200
+    assert queued == 1  # the second process queued its request ...
+    assert most <= 2  # ... and the engine never ran more than its batch limit
