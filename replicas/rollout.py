@@ -7,13 +7,15 @@ decides, this module persists, in the lock order of docs/architecture.md
 (the catalog entry, then its rollout, then replicas). Operators pause,
 resume and undo (``rollout_pause``, ``rollout_resume``, ``rollout_undo``).
 
-Weights: where the new revision's weights are staged on the nodes that will
-run it before its replicas start (issue 22) is ``_weights_ready``.
+Weights: a new revision with other weights has them staged on the nodes
+its replacements will likely run on before the first replacement starts
+(``replicas.rollout_weights``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -31,8 +33,9 @@ from .defrag import MAKING_ROOM
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidRolloutTransition
 from .models import CatalogEntry, ModelRevision, Replica, Rollout
-from .revisions import LAUNCH_FIELDS, revision_current, revision_previous
+from .revisions import LAUNCH_FIELDS, revision_current, revision_manifest, revision_previous
 from .rollout_plan import Rep, RolloutView, rollout_next
+from .rollout_weights import rollout_weights_gate, rollout_weights_release
 from .services import replica_transition
 
 logger = logging.getLogger(__name__)
@@ -78,7 +81,14 @@ class RolloutStates(StateMachine):
         if to in (RolloutStatus.DONE, RolloutStatus.SUPERSEDED):
             rollout.finished_at = timezone.now()
             fields.append("finished_at")
+        if to == RolloutStatus.RUNNING and (previous == RolloutStatus.FAILED or (rollout.staging or {}).get("failed")):
+            rollout.staging = {}  # tried again: staged again (at once where the weights are held)
+            fields.append("staging")
         return fields
+
+    def changed(self, rollout: Rollout, previous: str, to: str) -> None:
+        if to in (RolloutStatus.DONE, RolloutStatus.SUPERSEDED, RolloutStatus.FAILED):
+            rollout_weights_release(rollout)
 
 
 ROLLOUT_STATES = RolloutStates()
@@ -170,15 +180,6 @@ def _where(replica: Replica) -> str:
     return member.node.name if member else "?"
 
 
-def _weights_ready(model: CatalogEntry, revision: ModelRevision) -> str:
-    """The hook of issue 22 (model weights): before the first replacement
-    starts, the new revision's weights are staged on the nodes that will run
-    it, so that a rollout does not wait on a download per replica. Returns
-    what the rollout waits for ('' when nothing: the weights are there, or
-    this control plane does not manage weights)."""
-    return ""
-
-
 def rollout_step(*, rollout_id: int) -> None:
     """Advance one open rollout as far as it can go now. Idempotent."""
     model_id = Rollout.objects.filter(pk=rollout_id, status__in=ROLLOUT_OPEN).values_list("model_id", flat=True).first()
@@ -210,10 +211,21 @@ def rollout_step(*, rollout_id: int) -> None:
             replicas=tuple(Rep(r.pk, r.status, r.pk in current_ids, r.draining, r.rolling) for r in replicas),
             stuck=_stuck(model, current_ids),
         )
-        staging = _weights_ready(model, target)
         step = rollout_next(view)
-        if staging and step.mark:
-            step = type(step)(step.status, stop=step.stop, waiting_for=staging, updated=step.updated)
+        if step.status in (RolloutStatus.RUNNING, RolloutStatus.PAUSED):
+            # New weights are staged on the likely nodes before any replacement starts.
+            gate = rollout_weights_gate(rollout, model, target, lambda message, **data: _say(rollout, message, **data))
+            if gate.failed and rollout.status == RolloutStatus.RUNNING:
+                rollout.waiting_for = "failed: the old revision serves; resume to try again, or undo"
+                ROLLOUT_STATES.apply(rollout, to=RolloutStatus.FAILED, severity=EventSeverity.ERROR,
+                                     reason=f"the new weights could not be staged: {gate.failed}; "
+                                     "the old replicas keep serving")
+                rollout.save(update_fields=["waiting_for"])
+                return
+            if gate.failed or gate.waiting:
+                waiting = gate.waiting or f"staging failed ({gate.failed}); resume to try again, or undo"
+                step = replace(step, mark=(), waiting_for=f"paused; {waiting}" if step.status == RolloutStatus.PAUSED
+                               else waiting)
         _apply(rollout, model, step, replicas, failed)
 
 
@@ -332,9 +344,15 @@ def rollout_undo(*, name: str, actor: str = "") -> tuple[CatalogEntry, Rollout |
             raise InvalidRolloutTransition(
                 f"{name} has no previous revision to return to (it is at revision {model.revision})")
         was = model.revision
+        if previous.spec.get("source") and previous.spec.get("source") != model.source and not previous.manifest:
+            raise InvalidRolloutTransition(
+                f"revision {previous.number} of {name} was recorded before weights manifests were kept with "
+                "revisions: apply the catalog with its source instead")
         for field, value in previous.spec.items():
             if field in LAUNCH_FIELDS:
                 setattr(model, field, value)
+        # Its weights as they were resolved then (no source read again).
+        model.manifest = revision_manifest(previous, model)
         model.save()
         revision_current(model)
         event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",
