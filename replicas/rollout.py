@@ -133,9 +133,13 @@ def rollout_begin(*, model: CatalogEntry, previous: int, actor: str = "", why: s
     current = ModelRevision.objects.get(model=model, number=model.revision)
     digests = _digests(model)
     open_ = _open_lock(model)
+    # A paused rollout stays paused across changes (as a paused Deployment
+    # does): the new one starts paused, and an operator resumes it.
+    paused = open_ is not None and open_.status == RolloutStatus.PAUSED
     if open_ is not None:
         open_.model = model
-        ROLLOUT_STATES.apply(open_, to=RolloutStatus.SUPERSEDED, reason=f"revision {model.revision} was {why}")
+        ROLLOUT_STATES.apply(open_, to=RolloutStatus.SUPERSEDED, reason=f"revision {model.revision} was {why}"
+                             + ("; the new rollout starts paused" if paused else ""))
         # What serves meanwhile is still the superseded rollout's old revision.
         previous = open_.from_revision
     replicas = list(Replica.objects.filter(model=model).exclude(status=ReplicaStatus.STOPPED).order_by("pk"))
@@ -146,14 +150,21 @@ def rollout_begin(*, model: CatalogEntry, previous: int, actor: str = "", why: s
     if not placed:
         return None
     rollout = Rollout.objects.create(model=model, from_revision=previous, to_revision=model.revision,
-                                     wanted=model.replicas, actor=actor)
+                                     wanted=model.replicas, actor=actor,
+                                     status=RolloutStatus.PAUSED if paused else RolloutStatus.RUNNING)
     rollout.model = model
     changed = [f for f in LAUNCH_FIELDS if (ModelRevision.objects.filter(model=model, number=previous)
                                             .values_list("spec", flat=True).first() or {}).get(f) != current.spec.get(f)]
-    _say(rollout, f"started{' by ' + actor if actor else ''} ({', '.join(changed) or 'launch'} changed): "
-         f"{len(placed)} replica(s) to replace, max_surge {model.max_surge}, max_unavailable {model.max_unavailable}",
-         replicas=len(placed))
-    rollout.save(update_fields=["log"])
+    _say(rollout, f"started{' paused' if paused else ''}{' by ' + actor if actor else ''} "
+         f"({', '.join(changed) or 'launch'} changed): "
+         f"{len(placed)} replica(s) to replace, max_surge {model.max_surge}, max_unavailable {model.max_unavailable}"
+         + (f"; the rollout it supersedes was paused, so this one is too: 'llmgw ctl rollout resume {model.name}' "
+            "carries it on" if paused else ""),
+         replicas=len(placed), paused=paused)
+    if paused:
+        rollout.status_reason = "paused: the rollout it superseded was paused"
+        rollout.waiting_for = "paused (the rollout it superseded was): resume to start replacing"
+    rollout.save(update_fields=["log", "status_reason", "waiting_for"])
     reconcile_after_commit()
     return rollout
 
@@ -336,9 +347,15 @@ def rollout_resume(*, name: str, actor: str = "") -> Rollout:
 def rollout_undo(*, name: str, actor: str = "") -> tuple[CatalogEntry, Rollout | None]:
     """Back to the previous revision: the entry's launch fields become that
     revision's again (a new revision number, as kubectl's undo does), rolled
-    out like any change."""
+    out like any change. Refused while a rollout is paused, as kubectl
+    refuses to roll back a paused Deployment: resume it first."""
     with transaction.atomic():
         model = _model_lock(name)
+        open_ = _open_lock(model)
+        if open_ is not None and open_.status == RolloutStatus.PAUSED:
+            raise InvalidRolloutTransition(
+                f"cannot undo the rollout of {name} while it is paused (revision {open_.from_revision} -> "
+                f"{open_.to_revision}): resume it first ('llmgw ctl rollout resume {name}'), then undo")
         previous = revision_previous(model)
         if previous is None:
             raise InvalidRolloutTransition(
