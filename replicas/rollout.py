@@ -115,8 +115,20 @@ def _is_current(replica: Replica, digests: dict[int, str], digest: str) -> bool:
 def revision_for_new_replicas(model: CatalogEntry) -> ModelRevision:
     """What a replica the reconcile makes now runs: the current revision,
     except while a rollout has failed (the old revision keeps serving, and a
-    replica lost meanwhile is rebuilt as it was). The entry's row is locked."""
+    replica lost meanwhile is rebuilt as it was). The entry's row is locked.
+
+    Level-triggered: an entry whose launch fields were changed other than
+    through the catalog's services (a Django shell, SQL) gets its revision
+    recorded here, at the reconcile's next pass, and rolled out like any."""
+    previous = model.revision
     current = revision_current(model)
+    if previous and current.number != previous:
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}",
+                     message=f"{model.name}: revision {previous} -> {current.number}: its launch was changed outside "
+                     "the catalog's services (found by the reconcile)",
+                     data={"revision": current.number, "previous": previous})
+        rollout_begin(model=model, previous=previous, why="found changed by the reconcile",
+                      actor="reconcile")
     rollout = rollout_open(model)
     if rollout is not None and rollout.status == RolloutStatus.FAILED:
         stable = ModelRevision.objects.filter(model=model, number=rollout.from_revision).first()

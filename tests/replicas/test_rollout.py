@@ -216,6 +216,18 @@ def test_a_new_apply_on_a_paused_rollout_starts_paused_and_undo_waits_for_resume
     assert catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "0.04"]}])["rollouts"][0]["status"] == "running"
 
 
+def test_a_launch_changed_outside_the_catalog_services_is_rolled_out_by_the_reconcile(spare):
+    CatalogEntry.objects.filter(name="llama").update(args=["--token-delay", "0.01"])  # a shell, SQL
+    _settle(14)
+    model = CatalogEntry.objects.get(name="llama")
+    assert model.revision == 2
+    done = Rollout.objects.get()
+    assert done.status == RolloutStatus.DONE and done.actor == "reconcile"
+    assert "started by reconcile (args changed)" in done.log[0]
+    assert Event.objects.filter(message__contains="changed outside the catalog's services").exists()
+    assert {r.revision.number for r in _ready()} == {2} and len(_ready()) == 4
+
+
 def test_a_removed_model_goes_with_its_revisions_and_rollouts(spare):
     from replicas.catalog import model_remove
 
