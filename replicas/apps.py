@@ -8,7 +8,7 @@ class ReplicasConfig(AppConfig):
         from core.events import event_kinds_register
         from nodes import hooks
 
-        from . import drain, rollout_weights, selectors, services, weights_cache
+        from . import drain, selectors, services, weights_cache
         from .choices import ReplicaEventKind
 
         event_kinds_register(owner=self.label, kinds=ReplicaEventKind)
@@ -23,4 +23,3 @@ class ReplicasConfig(AppConfig):
         hooks.replica_counters.append(selectors.node_replica_counts)
         hooks.desired_weights_providers.append(weights_cache.node_desired_weights)
         hooks.weights_report_handlers.append(weights_cache.node_weights_report)
-        hooks.weights_report_handlers.append(rollout_weights.rollout_weights_report)

@@ -278,6 +278,9 @@ class CachedWeights(models.Model):
     bytes = models.BigIntegerField(default=0)
     total = models.BigIntegerField(default=0)
     complete = models.BooleanField(default=False)
+    # While it is fetched: bytes per second, and why it cannot be ('' when nothing stops it).
+    rate = models.FloatField(default=0.0)
+    error = models.TextField(blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -246,7 +246,7 @@ def rollout_step(*, rollout_id: int) -> None:
                 rollout.save(update_fields=["waiting_for"])
                 return
             if gate.failed or gate.waiting:
-                waiting = gate.waiting or f"staging failed ({gate.failed}); resume to try again, or undo"
+                waiting = gate.waiting or f"staging failed ({gate.failed}); resume to stage them again"
                 step = replace(step, mark=(), waiting_for=f"paused; {waiting}" if step.status == RolloutStatus.PAUSED
                                else waiting)
         _apply(rollout, model, step, replicas, failed)

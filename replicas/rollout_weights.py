@@ -20,8 +20,8 @@ old replicas keep serving:
   words: ``staging weights m@v2: 1 of 3 nodes, 40.0 MB of 120.0 MB, about
   12s left``.
 
-The progress comes from the agents' weights reports (``rollout_weights_report``,
-a ``nodes.hooks`` handler); whether a node holds them, from ``CachedWeights``.
+The progress (bytes, rate, errors) is what the agents last reported of their
+caches (``CachedWeights``), read at each step of the rollout.
 The rows go when the rollout ends (done, superseded or failed): by then the
 replacements' own members keep the weights wanted where they run.
 """
@@ -34,14 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from django.conf import settings
-from django.db import transaction
 
 from nodes.choices import NodeStatus
 from nodes.models import Node
 from nodes.services import nodes_desired_changed
 
 from . import placement
-from .choices import PLACED, ROLLOUT_OPEN
+from .choices import PLACED
 from .models import CachedWeights, CatalogEntry, Member, ModelRevision, Replica, Rollout, StagedWeights
 from .revisions import revision_manifest, weights_key_of
 from .scheduling import cluster_snapshot
@@ -176,19 +175,31 @@ def rollout_weights_gate(rollout: Rollout, model: CatalogEntry, target: ModelRev
         return Gate()
     key = state["key"]
     model_name, _, revision = key.partition("@")
+    now = time.time()
     live = set(Node.objects.filter(name__in=state["nodes"], status=NodeStatus.READY).values_list("name", flat=True))
-    holding = set(CachedWeights.objects.filter(node__name__in=live, model=model_name, revision=revision,
-                                               complete=True).values_list("node__name", flat=True))
-    nodes = [NodeStage(name, total=int(s["total"]), bytes=int(s["bytes"]), rate=float(s["rate"]), error=s["error"],
-                       error_since=s.get("error_since"), complete=name in holding)
-             for name, s in sorted(state["nodes"].items()) if name in live]  # a node lost meanwhile is not waited for
-    gate = staging_gate(key=key, nodes=nodes, now=time.time(), grace=settings.LLMGW_ROLLOUT_STAGING_GRACE)
+    rows = {c.node.name: c for c in CachedWeights.objects.filter(node__name__in=live, model=model_name,
+                                                                revision=revision).select_related("node")}
+    nodes, seen = [], {}
+    for name, before in sorted(state["nodes"].items()):
+        if name not in live:
+            continue  # a node lost meanwhile is not waited for
+        row = rows.get(name)
+        error = row.error if row is not None and not row.complete else ""
+        seen[name] = {**before, "bytes": row.bytes if row else 0, "total": (row.total if row else 0) or before["total"],
+                      "rate": row.rate if row else 0.0, "error": error,
+                      "error_since": (before.get("error_since") or now) if error else None}
+        s = seen[name]
+        nodes.append(NodeStage(name, total=int(s["total"]), bytes=int(s["bytes"]), rate=float(s["rate"]),
+                               error=error, error_since=s["error_since"], complete=bool(row and row.complete)))
+    state["nodes"] = {**state["nodes"], **seen}
+    gate = staging_gate(key=key, nodes=nodes, now=now, grace=settings.LLMGW_ROLLOUT_STAGING_GRACE)
     if gate.failed:
         state["failed"] = gate.failed
     elif not gate.waiting:
-        state["done"] = time.time()
-        say(f"weights {key} staged on {', '.join(sorted(holding)) or 'no node'} in "
-            f"{state['done'] - state['started']:.1f}s: replacements start from local weights", key=key)
+        state["done"] = now
+        held = sorted(n.name for n in nodes if n.complete)
+        say(f"weights {key} staged on {', '.join(held) or 'no node'} in {now - state['started']:.1f}s: "
+            "replacements start from local weights", key=key)
     if state != rollout.staging:
         rollout.staging = state
         rollout.save(update_fields=["staging", "log"])
@@ -203,29 +214,3 @@ def rollout_weights_release(rollout: Rollout) -> None:
     if nodes:
         rows.delete()
         nodes_desired_changed(node_names=nodes)
-
-
-def rollout_weights_report(*, node_name: str, report: dict[str, Any] | None) -> None:
-    """An agent's weights report: the progress of the rollouts staging there
-    (a ``nodes.hooks`` handler, after ``weights_cache.node_weights_report``)."""
-    if report is None:
-        return
-    entries = {f"{m['model']}@{m['revision']}": m for m in report["models"]}
-    for rollout_id in Rollout.objects.filter(status__in=ROLLOUT_OPEN).exclude(staging={}).values_list("pk", flat=True):
-        with transaction.atomic():
-            rollout = Rollout.objects.select_for_update(no_key=True).filter(pk=rollout_id).first()
-            state = dict(rollout.staging or {}) if rollout is not None else {}
-            nodes = dict(state.get("nodes") or {})
-            entry = entries.get(state.get("key", ""))
-            if state.get("done") or state.get("failed") or node_name not in nodes or entry is None:
-                continue
-            before = nodes[node_name]
-            error = entry["error"]
-            now = {"bytes": entry["total"] if entry["complete"] else entry["bytes"],
-                   "total": entry["total"] or before["total"], "rate": entry["rate"], "error": error,
-                   "error_since": (before.get("error_since") or time.time()) if error else None}
-            if now == before:
-                continue
-            nodes[node_name] = now
-            rollout.staging = {**state, "nodes": nodes}
-            rollout.save(update_fields=["staging"])

@@ -118,7 +118,8 @@ def node_weights_report(*, node_name: str, report: dict[str, Any] | None) -> Non
             if ident in seen:
                 continue
             seen.add(ident)
-            values = {"bytes": entry["bytes"], "total": entry["total"], "complete": entry["complete"]}
+            values = {"bytes": entry["bytes"], "total": entry["total"], "complete": entry["complete"],
+                      "rate": entry["rate"], "error": entry["error"][:1000]}
             row = held.get(ident)
             if row is None:
                 CachedWeights.objects.create(node=node, model=ident[0], revision=ident[1], **values)
@@ -175,7 +176,7 @@ def staging_progress(*, node_name: str, report: dict[str, Any]) -> None:
             continue
         before = nodes[node_name]
         now = {"bytes": entry["total"] if entry["complete"] else entry["bytes"],
-               "total": entry["total"] or before.get("total", 0), "rate": entry["rate"], "error": entry["error"]}
+               "total": entry["total"] or before.get("total", 0), "rate": entry["rate"], "error": entry["error"][:1000]}
         if now == before:
             continue
         nodes[node_name] = now

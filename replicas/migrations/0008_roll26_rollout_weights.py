@@ -36,5 +36,15 @@ class Migration(migrations.Migration):
             name='why',
             field=models.CharField(choices=[('spare', 'Spare'), ('manual', 'Manual'), ('rollout', 'Rollout')], max_length=16),
         ),
+        migrations.AddField(
+            model_name='cachedweights',
+            name='rate',
+            field=models.FloatField(default=0.0),
+        ),
+        migrations.AddField(
+            model_name='cachedweights',
+            name='error',
+            field=models.TextField(blank=True),
+        ),
         migrations.RunPython(revisions_keep_their_manifest, migrations.RunPython.noop),
     ]

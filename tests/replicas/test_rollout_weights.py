@@ -15,8 +15,6 @@ from replicas.models import Replica, Rollout, StagedWeights
 from replicas.rollout_weights import NodeStage, staging_gate, staging_targets
 from replicas.selectors import node_desired_members
 from replicas.weights_cache import node_desired_weights, node_weights_report
-
-assert node_weights_report in hooks.weights_report_handlers
 from replicas.weights_placement import WeightsNeed, WeightsView
 from tests.factories import node_with_gpus
 from tests.replicas.test_rollout import _settle
@@ -63,6 +61,7 @@ def _report(node, *, holds=(), fetching=None, free=10**6):
     report = {"free_bytes": free, "budget_bytes": 10**7, "used_bytes": 0, "downloads": 0, "models": models}
     for handler in hooks.weights_report_handlers:  # as a heartbeat whose report changed calls them
         handler(node_name=node, report=report)
+    assert node_weights_report in hooks.weights_report_handlers
 
 
 @pytest.fixture
@@ -143,7 +142,8 @@ def test_no_space_fails_the_rollout_and_the_old_replicas_serve(running):
     _settle(3)
     assert set(Replica.objects.filter(status=ReplicaStatus.READY).values_list("pk", flat=True)) == old
     assert not Replica.objects.filter(revision__number=2).exists() and not StagedWeights.objects.exists()
-    # Resumed: staged again from the start (here the space was freed meanwhile).
+    # Resumed once the space is freed: staged again from the start.
+    _report("node02", holds=["r1"], fetching={"bytes": 0})
     rollout.rollout_resume(name="m", actor="ops")
     rollout.rollouts_step()
     again = Rollout.objects.get()
@@ -170,3 +170,32 @@ def test_a_change_that_keeps_the_weights_stages_nothing(running):
     rollout.rollouts_step()
     assert Rollout.objects.get().staging.get("done") and not StagedWeights.objects.exists()
     assert Replica.objects.filter(rolling=True).exists()
+
+
+@pytest.mark.django_db
+def test_paused_it_keeps_staging_and_a_failure_waits_for_resume(running):
+    entry, urls, _ = running
+    catalog_apply(entries=[{**entry, "source": {"kind": "http", "url": urls["r2"]}}])
+    rollout.rollouts_step()
+    rollout.rollout_pause(name="m", actor="ops")
+    _report("node01", holds=["r1"], fetching={"bytes": 2000})
+    rollout.rollouts_step()
+    paused = Rollout.objects.get()
+    assert paused.status == RolloutStatus.PAUSED
+    assert paused.waiting_for.startswith("paused; staging weights m@r2: 0 of 3 nodes, 2.0 kB of 12.0 kB")
+    _report("node01", holds=["r1"], fetching={"error": "no space: needs 2000 more bytes"})
+    rollout.rollouts_step()
+    paused.refresh_from_db()
+    assert paused.status == RolloutStatus.PAUSED and paused.waiting_for.startswith(
+        "paused; staging failed (node01 cannot stage m@r2: no space")
+    _report("node01", holds=["r1"], fetching={"bytes": 2000})  # room made
+    rollout.rollout_resume(name="m", actor="ops")
+    rollout.rollouts_step()
+    resumed = Rollout.objects.get()
+    assert resumed.status == RolloutStatus.RUNNING and resumed.waiting_for.startswith("staging weights m@r2: 0 of 3")
+    assert StagedWeights.objects.filter(why="rollout").count() == 3
+    # Short of space again: running, it fails at once, and its rows go.
+    _report("node01", holds=["r1"], fetching={"error": "no space: needs 2000 more bytes"})
+    rollout.rollouts_step()
+    assert Rollout.objects.get().status == RolloutStatus.FAILED
+    assert not StagedWeights.objects.exists()
