@@ -299,6 +299,9 @@ LLMGW_DEFRAG_MAX_MOVES = env.int("LLMGW_DEFRAG_MAX_MOVES", default=2)
 # A rollout fails (the old revision keeps serving) once this many replicas of
 # the new revision failed before becoming ready (replicas/rollout.py).
 LLMGW_ROLLOUT_MAX_FAILURES = env.int("LLMGW_ROLLOUT_MAX_FAILURES", default=3)
+# A rollout to new weights fails (the old revision keeps serving) when a node
+# staging them keeps an error this many seconds (replicas/rollout_weights.py).
+LLMGW_ROLLOUT_STAGING_GRACE = env.float("LLMGW_ROLLOUT_STAGING_GRACE", default=60.0)
 # A replica fails once an engine of it failed at start this many times (its
 # agent restarts it with a growing delay in between: crash-loop backoff).
 LLMGW_ENGINE_START_ATTEMPTS = env.int("LLMGW_ENGINE_START_ATTEMPTS", default=5)

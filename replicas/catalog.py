@@ -19,7 +19,7 @@ from .autoscaling.policy import policy_clean
 from .choices import ReplicaEventKind
 from .enqueue import reconcile_after_commit
 from .envmask import env_unmask
-from .models import CatalogEntry
+from .models import CatalogEntry, Rollout
 from .revisions import revision_current
 from .rollout import rollout_begin
 from .scheduling import model_never_fits
@@ -174,12 +174,12 @@ def catalog_manifests(clean: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
-                  admin: bool = True) -> dict[str, list[str]]:
+                  admin: bool = True) -> dict[str, list[Any]]:
     """Create and update the given models; with ``prune``, remove the others.
     All or nothing: one bad entry (or a weights source that cannot be
     resolved) and nothing changes. ``admin``: whether the caller may set
     admin-only flags (replicas.engines.policy)."""
-    result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "removed": []}
+    result: dict[str, list[Any]] = {"created": [], "updated": [], "unchanged": [], "removed": [], "rollouts": []}
     # Shape first (every problem at once), then the sources, before any lock.
     clean = catalog_validate(entries)
     manifests = catalog_manifests(clean)
@@ -205,7 +205,10 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
             else:
                 result["unchanged"].append(model.name)
                 continue
-            model_revise(model=model, actor=actor)
+            started = model_revise(model=model, actor=actor)
+            if started is not None:
+                result["rollouts"].append({"model": model.name, "from_revision": started.from_revision,
+                                           "to_revision": started.to_revision, "status": started.status})
             model_refresh_fit(model=model, never=model_never_fits(model))
         if prune:
             wanted = {d["name"] for d in clean}
@@ -224,17 +227,19 @@ def catalog_apply(*, entries: list[Any], prune: bool = False, actor: str = "",
     return result
 
 
-def model_revise(*, model: CatalogEntry, actor: str = "") -> None:
+def model_revise(*, model: CatalogEntry, actor: str = "") -> Rollout | None:
     """Record the entry's revision; when its launch changed, roll it out to
     the replicas running the previous one (replicas.rollout). The entry's
-    row is locked."""
+    row is locked. Returns the rollout started, if any (it starts paused
+    when the one it supersedes was)."""
     previous = model.revision
     current = revision_current(model)
     if previous and current.number != previous:
         event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}",
                      message=f"{model.name}: revision {previous} -> {current.number}",
                      data={"revision": current.number, "previous": previous})
-        rollout_begin(model=model, previous=previous, actor=actor)
+        return rollout_begin(model=model, previous=previous, actor=actor)
+    return None
 
 
 def model_refresh_fit(*, model: CatalogEntry, never: str | None) -> None:

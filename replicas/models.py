@@ -83,6 +83,10 @@ class ModelRevision(models.Model):
     number = models.PositiveIntegerField()
     digest = models.CharField(max_length=64)
     spec = models.JSONField(default=dict)
+    # What its weights source resolved to when it was recorded (the entry's
+    # manifest then: files, sizes, sha256; {}: not managed). Its replicas
+    # fetch and run these weights, whatever the entry says later.
+    manifest = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -241,6 +245,9 @@ class Rollout(models.Model):
     updated = models.PositiveIntegerField(default=0)
     wanted = models.PositiveIntegerField(default=0)
     log = models.JSONField(default=list, blank=True)
+    # New weights staged before the first replacement (replicas.rollout_weights):
+    # the key, the nodes and each one's progress as its agent reports it.
+    staging = models.JSONField(default=dict, blank=True)
     actor = models.CharField(max_length=150, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -271,6 +278,9 @@ class CachedWeights(models.Model):
     bytes = models.BigIntegerField(default=0)
     total = models.BigIntegerField(default=0)
     complete = models.BooleanField(default=False)
+    # While it is fetched: bytes per second, and why it cannot be ('' when nothing stops it).
+    rate = models.FloatField(default=0.0)
+    error = models.TextField(blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -302,6 +312,7 @@ class StagedWeights(models.Model):
     class Why(models.TextChoices):
         SPARE = "spare"
         MANUAL = "manual"
+        ROLLOUT = "rollout"  # a rollout's new weights, before its replacements (replicas.rollout_weights)
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="staged_weights")
     model = models.ForeignKey(CatalogEntry, on_delete=models.CASCADE, related_name="staged_on")

@@ -12,6 +12,11 @@ replica made before a change keeps its argv until a rollout
 (``replicas.rollout``) replaces it. Two revisions with the same digest
 launch the same thing: a replica of either counts as current.
 
+A revision keeps the manifest its weights source resolved to (the files,
+sizes and sha256): replicas of an older revision keep fetching and running
+their own weights while a rollout brings the new ones
+(``replicas.rollout_weights``).
+
 A launch-relevant field added later (a weights revision, an engine
 version) goes in ``LAUNCH_FIELDS``; nothing else changes.
 """
@@ -54,9 +59,25 @@ class Launch:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     revision: int = 0
-    # The entry's resolved weights (replicas.weights; {}: not managed). The
-    # source is in the revision; what it resolved to is the entry's.
+    # The revision's resolved weights (replicas.weights; {}: not managed).
     manifest: dict = field(default_factory=dict)
+
+
+def revision_manifest(revision: ModelRevision | None, model: CatalogEntry) -> dict[str, Any]:
+    """The weights a revision launches with: what its source resolved to when
+    it was recorded. A revision with no source has none; one recorded before
+    manifests were kept with revisions (or a replica with no revision) has
+    the entry's."""
+    if revision is None:
+        return model.manifest or {}
+    if "source" in revision.spec and not revision.spec.get("source"):
+        return {}
+    return revision.manifest or model.manifest or {}
+
+
+def weights_key_of(name: str, manifest: dict[str, Any]) -> str:
+    """model@revision of managed weights ('' when not managed): what a node's cache holds them as."""
+    return f"{name}@{manifest['revision']}" if manifest else ""
 
 
 def replica_launch(replica: Replica) -> Launch:
@@ -66,7 +87,7 @@ def replica_launch(replica: Replica) -> Launch:
     return Launch(name=model.name, engine=spec["engine"], weights=spec["weights"], nodes=spec["nodes"],
                   gpus_per_node=spec["gpus_per_node"], args=list(spec.get("args") or []),
                   env=dict(spec.get("env") or {}), revision=revision.number if revision is not None else 0,
-                  manifest=model.manifest or {})
+                  manifest=revision_manifest(revision, model))
 
 
 def revision_current(model: CatalogEntry) -> ModelRevision:
@@ -76,10 +97,14 @@ def revision_current(model: CatalogEntry) -> ModelRevision:
     digest = revision_digest(spec)
     current = ModelRevision.objects.filter(model=model, number=model.revision).first() if model.revision else None
     if current is not None and current.digest == digest:
+        if model.manifest and not current.manifest:
+            current.manifest = model.manifest
+            current.save(update_fields=["manifest"])
         return current
     number = (ModelRevision.objects.filter(model=model).order_by("-number").values_list("number", flat=True).first()
               or 0) + 1
-    current = ModelRevision.objects.create(model=model, number=number, digest=digest, spec=spec)
+    current = ModelRevision.objects.create(model=model, number=number, digest=digest, spec=spec,
+                                           manifest=model.manifest or {})
     model.revision = number
     CatalogEntry.objects.filter(pk=model.pk).update(revision=number)
     _history_prune(model)

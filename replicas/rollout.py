@@ -7,13 +7,15 @@ decides, this module persists, in the lock order of docs/architecture.md
 (the catalog entry, then its rollout, then replicas). Operators pause,
 resume and undo (``rollout_pause``, ``rollout_resume``, ``rollout_undo``).
 
-Weights: where the new revision's weights are staged on the nodes that will
-run it before its replicas start (issue 22) is ``_weights_ready``.
+Weights: a new revision with other weights has them staged on the nodes
+its replacements will likely run on before the first replacement starts
+(``replicas.rollout_weights``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -31,8 +33,9 @@ from .defrag import MAKING_ROOM
 from .enqueue import reconcile_after_commit
 from .exceptions import InvalidRolloutTransition
 from .models import CatalogEntry, ModelRevision, Replica, Rollout
-from .revisions import LAUNCH_FIELDS, revision_current, revision_previous
+from .revisions import LAUNCH_FIELDS, revision_current, revision_manifest, revision_previous
 from .rollout_plan import Rep, RolloutView, rollout_next
+from .rollout_weights import rollout_weights_gate, rollout_weights_release
 from .services import replica_transition
 
 logger = logging.getLogger(__name__)
@@ -78,7 +81,14 @@ class RolloutStates(StateMachine):
         if to in (RolloutStatus.DONE, RolloutStatus.SUPERSEDED):
             rollout.finished_at = timezone.now()
             fields.append("finished_at")
+        if to == RolloutStatus.RUNNING and (previous == RolloutStatus.FAILED or (rollout.staging or {}).get("failed")):
+            rollout.staging = {}  # tried again: staged again (at once where the weights are held)
+            fields.append("staging")
         return fields
+
+    def changed(self, rollout: Rollout, previous: str, to: str) -> None:
+        if to in (RolloutStatus.DONE, RolloutStatus.SUPERSEDED, RolloutStatus.FAILED):
+            rollout_weights_release(rollout)
 
 
 ROLLOUT_STATES = RolloutStates()
@@ -105,8 +115,20 @@ def _is_current(replica: Replica, digests: dict[int, str], digest: str) -> bool:
 def revision_for_new_replicas(model: CatalogEntry) -> ModelRevision:
     """What a replica the reconcile makes now runs: the current revision,
     except while a rollout has failed (the old revision keeps serving, and a
-    replica lost meanwhile is rebuilt as it was). The entry's row is locked."""
+    replica lost meanwhile is rebuilt as it was). The entry's row is locked.
+
+    Level-triggered: an entry whose launch fields were changed other than
+    through the catalog's services (a Django shell, SQL) gets its revision
+    recorded here, at the reconcile's next pass, and rolled out like any."""
+    previous = model.revision
     current = revision_current(model)
+    if previous and current.number != previous:
+        event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{model.name}",
+                     message=f"{model.name}: revision {previous} -> {current.number}: its launch was changed outside "
+                     "the catalog's services (found by the reconcile)",
+                     data={"revision": current.number, "previous": previous})
+        rollout_begin(model=model, previous=previous, why="found changed by the reconcile",
+                      actor="reconcile")
     rollout = rollout_open(model)
     if rollout is not None and rollout.status == RolloutStatus.FAILED:
         stable = ModelRevision.objects.filter(model=model, number=rollout.from_revision).first()
@@ -123,9 +145,13 @@ def rollout_begin(*, model: CatalogEntry, previous: int, actor: str = "", why: s
     current = ModelRevision.objects.get(model=model, number=model.revision)
     digests = _digests(model)
     open_ = _open_lock(model)
+    # A paused rollout stays paused across changes (as a paused Deployment
+    # does): the new one starts paused, and an operator resumes it.
+    paused = open_ is not None and open_.status == RolloutStatus.PAUSED
     if open_ is not None:
         open_.model = model
-        ROLLOUT_STATES.apply(open_, to=RolloutStatus.SUPERSEDED, reason=f"revision {model.revision} was {why}")
+        ROLLOUT_STATES.apply(open_, to=RolloutStatus.SUPERSEDED, reason=f"revision {model.revision} was {why}"
+                             + ("; the new rollout starts paused" if paused else ""))
         # What serves meanwhile is still the superseded rollout's old revision.
         previous = open_.from_revision
     replicas = list(Replica.objects.filter(model=model).exclude(status=ReplicaStatus.STOPPED).order_by("pk"))
@@ -136,14 +162,21 @@ def rollout_begin(*, model: CatalogEntry, previous: int, actor: str = "", why: s
     if not placed:
         return None
     rollout = Rollout.objects.create(model=model, from_revision=previous, to_revision=model.revision,
-                                     wanted=model.replicas, actor=actor)
+                                     wanted=model.replicas, actor=actor,
+                                     status=RolloutStatus.PAUSED if paused else RolloutStatus.RUNNING)
     rollout.model = model
     changed = [f for f in LAUNCH_FIELDS if (ModelRevision.objects.filter(model=model, number=previous)
                                             .values_list("spec", flat=True).first() or {}).get(f) != current.spec.get(f)]
-    _say(rollout, f"started{' by ' + actor if actor else ''} ({', '.join(changed) or 'launch'} changed): "
-         f"{len(placed)} replica(s) to replace, max_surge {model.max_surge}, max_unavailable {model.max_unavailable}",
-         replicas=len(placed))
-    rollout.save(update_fields=["log"])
+    _say(rollout, f"started{' paused' if paused else ''}{' by ' + actor if actor else ''} "
+         f"({', '.join(changed) or 'launch'} changed): "
+         f"{len(placed)} replica(s) to replace, max_surge {model.max_surge}, max_unavailable {model.max_unavailable}"
+         + (f"; the rollout it supersedes was paused, so this one is too: 'llmgw ctl rollout resume {model.name}' "
+            "carries it on" if paused else ""),
+         replicas=len(placed), paused=paused)
+    if paused:
+        rollout.status_reason = "paused: the rollout it superseded was paused"
+        rollout.waiting_for = "paused (the rollout it superseded was): resume to start replacing"
+    rollout.save(update_fields=["log", "status_reason", "waiting_for"])
     reconcile_after_commit()
     return rollout
 
@@ -168,15 +201,6 @@ def _where(replica: Replica) -> str:
         return replica.fabric.name
     member = replica.members.select_related("node").first()
     return member.node.name if member else "?"
-
-
-def _weights_ready(model: CatalogEntry, revision: ModelRevision) -> str:
-    """The hook of issue 22 (model weights): before the first replacement
-    starts, the new revision's weights are staged on the nodes that will run
-    it, so that a rollout does not wait on a download per replica. Returns
-    what the rollout waits for ('' when nothing: the weights are there, or
-    this control plane does not manage weights)."""
-    return ""
 
 
 def rollout_step(*, rollout_id: int) -> None:
@@ -210,10 +234,21 @@ def rollout_step(*, rollout_id: int) -> None:
             replicas=tuple(Rep(r.pk, r.status, r.pk in current_ids, r.draining, r.rolling) for r in replicas),
             stuck=_stuck(model, current_ids),
         )
-        staging = _weights_ready(model, target)
         step = rollout_next(view)
-        if staging and step.mark:
-            step = type(step)(step.status, stop=step.stop, waiting_for=staging, updated=step.updated)
+        if step.status in (RolloutStatus.RUNNING, RolloutStatus.PAUSED):
+            # New weights are staged on the likely nodes before any replacement starts.
+            gate = rollout_weights_gate(rollout, model, target, lambda message, **data: _say(rollout, message, **data))
+            if gate.failed and rollout.status == RolloutStatus.RUNNING:
+                rollout.waiting_for = "failed: the old revision serves; resume to try again, or undo"
+                ROLLOUT_STATES.apply(rollout, to=RolloutStatus.FAILED, severity=EventSeverity.ERROR,
+                                     reason=f"the new weights could not be staged: {gate.failed}; "
+                                     "the old replicas keep serving")
+                rollout.save(update_fields=["waiting_for"])
+                return
+            if gate.failed or gate.waiting:
+                waiting = gate.waiting or f"staging failed ({gate.failed}); resume to stage them again"
+                step = replace(step, mark=(), waiting_for=f"paused; {waiting}" if step.status == RolloutStatus.PAUSED
+                               else waiting)
         _apply(rollout, model, step, replicas, failed)
 
 
@@ -324,17 +359,29 @@ def rollout_resume(*, name: str, actor: str = "") -> Rollout:
 def rollout_undo(*, name: str, actor: str = "") -> tuple[CatalogEntry, Rollout | None]:
     """Back to the previous revision: the entry's launch fields become that
     revision's again (a new revision number, as kubectl's undo does), rolled
-    out like any change."""
+    out like any change. Refused while a rollout is paused, as kubectl
+    refuses to roll back a paused Deployment: resume it first."""
     with transaction.atomic():
         model = _model_lock(name)
+        open_ = _open_lock(model)
+        if open_ is not None and open_.status == RolloutStatus.PAUSED:
+            raise InvalidRolloutTransition(
+                f"cannot undo the rollout of {name} while it is paused (revision {open_.from_revision} -> "
+                f"{open_.to_revision}): resume it first ('llmgw ctl rollout resume {name}'), then undo")
         previous = revision_previous(model)
         if previous is None:
             raise InvalidRolloutTransition(
                 f"{name} has no previous revision to return to (it is at revision {model.revision})")
         was = model.revision
+        if previous.spec.get("source") and previous.spec.get("source") != model.source and not previous.manifest:
+            raise InvalidRolloutTransition(
+                f"revision {previous.number} of {name} was recorded before weights manifests were kept with "
+                "revisions: apply the catalog with its source instead")
         for field, value in previous.spec.items():
             if field in LAUNCH_FIELDS:
                 setattr(model, field, value)
+        # Its weights as they were resolved then (no source read again).
+        model.manifest = revision_manifest(previous, model)
         model.save()
         revision_current(model)
         event_record(kind=ReplicaEventKind.MODEL, subject=f"model/{name}",

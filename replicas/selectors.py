@@ -9,6 +9,7 @@ from django.db.models import Prefetch, Q, QuerySet
 
 from .choices import PLACED, MemberState, ReplicaStatus
 from .models import CatalogEntry, Drain, Member, Replica
+from .revisions import revision_manifest, weights_key_of
 
 
 def members_wanted() -> QuerySet[Member]:
@@ -47,8 +48,8 @@ def node_desired_members(*, node_name: str) -> list[dict[str, Any]]:
             "ports": m.ports,
             "serves_http": m.serves_http,
             "health_url": m.health_url or None,
-            "weights": (f"{m.replica.model.name}@{m.replica.model.manifest['revision']}"
-                        if m.replica.model.manifest else ""),
+            # The weights of that revision (an older replica keeps its own during a rollout).
+            "weights": weights_key_of(m.replica.model.name, revision_manifest(m.replica.revision, m.replica.model)),
         }
         for m in members
     ]

@@ -32,6 +32,7 @@ from nodes.services import nodes_desired_changed
 from .choices import PLACED, ReplicaEventKind, ReplicaStatus
 from .models import CachedWeights, CatalogEntry, Member, NodeCache, Replica, StagedWeights
 from .services import replica_transition
+from .revisions import revision_manifest, weights_key_of
 from .weights import FETCHED
 from .weights_placement import WeightsNeed, WeightsView
 
@@ -41,8 +42,9 @@ MILESTONES = (25, 50, 75)
 
 
 def weights_key(model: CatalogEntry) -> str:
-    """model@revision of a managed model ('' when its weights are not managed)."""
-    return f"{model.name}@{model.manifest['revision']}" if model.manifest else ""
+    """model@revision of a managed model ('' when its weights are not managed):
+    of its current revision (or of a replica's launch, ``revisions.Launch``)."""
+    return weights_key_of(model.name, model.manifest)
 
 
 def weights_need(model: CatalogEntry) -> WeightsNeed | None:
@@ -55,14 +57,22 @@ def weights_need(model: CatalogEntry) -> WeightsNeed | None:
 # --- what the nodes hold --------------------------------------------------------------------------
 
 
+def _members_weights(members) -> list[tuple[str, CatalogEntry, dict[str, Any]]]:
+    """(node, model, manifest) of each member: the weights of its replica's revision."""
+    return [(m.node.name, m.replica.model, revision_manifest(m.replica.revision, m.replica.model))
+            for m in members.select_related("node", "replica__model", "replica__revision")]
+
+
 def weights_in_use() -> dict[str, set[str]]:
     """{node: keys of the weights its placed replicas use}: never evicted."""
-    keys = {m.pk: weights_key(m) for m in CatalogEntry.objects.exclude(manifest={}).only("pk", "name", "manifest")}
+    managed = CatalogEntry.objects.exclude(manifest={})
     used: dict[str, set[str]] = defaultdict(set)
-    for node, model_id in (Member.objects.filter(replica__status__in=PLACED, replica__model_id__in=keys)
-                           .values_list("node__name", "replica__model_id")):
-        used[node].add(keys[model_id])
+    for node, model, manifest in _members_weights(
+            Member.objects.filter(replica__status__in=PLACED, replica__model__in=managed)):
+        if manifest:
+            used[node].add(weights_key_of(model.name, manifest))
     # Spares and stagings asked for are kept too (the agents are told to hold them).
+    keys = {m.pk: weights_key(m) for m in managed.only("pk", "name", "manifest")}
     for node, model_id in StagedWeights.objects.filter(model_id__in=keys).values_list("node__name", "model_id"):
         used[node].add(keys[model_id])
     return used
@@ -108,7 +118,8 @@ def node_weights_report(*, node_name: str, report: dict[str, Any] | None) -> Non
             if ident in seen:
                 continue
             seen.add(ident)
-            values = {"bytes": entry["bytes"], "total": entry["total"], "complete": entry["complete"]}
+            values = {"bytes": entry["bytes"], "total": entry["total"], "complete": entry["complete"],
+                      "rate": entry["rate"], "error": entry["error"][:1000]}
             row = held.get(ident)
             if row is None:
                 CachedWeights.objects.create(node=node, model=ident[0], revision=ident[1], **values)
@@ -134,14 +145,15 @@ def replicas_staging_begin(*, replicas: list[Replica]) -> None:
     """Just placed (scheduled, in the placement's transaction): a replica
     whose nodes do not all hold its weights stages them first."""
     for replica in replicas:
-        key = weights_key(replica.model)
+        manifest = revision_manifest(replica.revision, replica.model)
+        key = weights_key_of(replica.model.name, manifest)
         if not key:
             continue
         nodes = set(Member.objects.filter(replica=replica).values_list("node__name", flat=True))
         missing = sorted(nodes - _holding(nodes, key))
         if not missing:
             continue
-        total = int(replica.model.manifest.get("total_bytes") or 0)
+        total = int(manifest.get("total_bytes") or 0)
         replica_transition(
             replica_id=replica.pk, to=ReplicaStatus.STAGING, expected=ReplicaStatus.SCHEDULED,
             reason=f"fetching {key} ({total} bytes) on {', '.join(missing)}",
@@ -164,7 +176,7 @@ def staging_progress(*, node_name: str, report: dict[str, Any]) -> None:
             continue
         before = nodes[node_name]
         now = {"bytes": entry["total"] if entry["complete"] else entry["bytes"],
-               "total": entry["total"] or before.get("total", 0), "rate": entry["rate"], "error": entry["error"]}
+               "total": entry["total"] or before.get("total", 0), "rate": entry["rate"], "error": entry["error"][:1000]}
         if now == before:
             continue
         nodes[node_name] = now
@@ -197,8 +209,8 @@ def replicas_staging_advance() -> list[int]:
     weights; its members then reach the agents. Level-triggered: the
     heartbeat hook and every reconcile call it."""
     advanced = []
-    for replica in Replica.objects.filter(status=ReplicaStatus.STAGING).select_related("model"):
-        key = weights_key(replica.model)
+    for replica in Replica.objects.filter(status=ReplicaStatus.STAGING).select_related("model", "revision"):
+        key = weights_key_of(replica.model.name, revision_manifest(replica.revision, replica.model))
         nodes = set(replica.members.values_list("node__name", flat=True))
         if key and nodes - _holding(nodes, key):
             continue
@@ -219,8 +231,7 @@ def replicas_staging_advance() -> list[int]:
 # --- what a node should hold ----------------------------------------------------------------------
 
 
-def _desired_entry(model: CatalogEntry) -> dict[str, Any]:
-    manifest = model.manifest
+def _desired_entry(model: CatalogEntry, manifest: dict[str, Any]) -> dict[str, Any]:
     entry = {"model": model.name, "revision": manifest["revision"], "files": [], "path": ""}
     if manifest.get("kind") in FETCHED:
         entry["files"] = [{k: f[k] for k in ("name", "size", "sha256", "url")} for f in manifest["files"]]
@@ -230,13 +241,19 @@ def _desired_entry(model: CatalogEntry) -> dict[str, Any]:
 
 
 def node_desired_weights(*, node_name: str) -> list[dict[str, Any]]:
-    """The weights a node should hold (agent.protocol.DesiredWeights)."""
+    """The weights a node should hold (agent.protocol.DesiredWeights): those
+    of the revisions its members run (during a rollout, an original's and
+    its replacement's may both be here), and the entry's current ones for
+    spares, stagings asked for and in-place sources."""
     models = {m.pk: m for m in CatalogEntry.objects.exclude(manifest={}).filter(removing=False)}
-    wanted: set[int] = set(
-        Member.objects.filter(node__name=node_name, replica__status__in=PLACED, replica__model_id__in=models)
-        .values_list("replica__model_id", flat=True))
-    wanted |= {pk for pk in StagedWeights.objects.filter(node__name=node_name).values_list("model_id", flat=True)
-               if pk in models}
-    # In place (a shared path, placed by hand): every node looks, and says.
-    wanted |= {pk for pk, m in models.items() if m.manifest.get("kind") not in FETCHED}
-    return [_desired_entry(models[pk]) for pk in sorted(wanted, key=lambda pk: models[pk].name)]
+    wanted: dict[str, tuple[CatalogEntry, dict[str, Any]]] = {}
+    for _, model, manifest in _members_weights(
+            Member.objects.filter(node__name=node_name, replica__status__in=PLACED, replica__model_id__in=models)):
+        if manifest:
+            wanted.setdefault(weights_key_of(model.name, manifest), (model, manifest))
+    staged = set(StagedWeights.objects.filter(node__name=node_name).values_list("model_id", flat=True))
+    for pk, model in models.items():
+        # In place (a shared path, placed by hand): every node looks, and says.
+        if pk in staged or model.manifest.get("kind") not in FETCHED:
+            wanted.setdefault(weights_key(model), (model, model.manifest))
+    return [_desired_entry(model, manifest) for _, (model, manifest) in sorted(wanted.items())]

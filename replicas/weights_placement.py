@@ -101,9 +101,9 @@ def _reason(request: PlacementRequest, snapshot: ClusterSnapshot, view: WeightsV
                 f"{where} reports them, without the free GPUs; place them on more nodes or free GPUs there")
     no_cache = [n for n in fits_gpus if n not in view.caches]
     short = [n for n in fits_gpus if n in view.caches and not view.fits(n, need)]
-    parts = [f"needs {_size(need.total)} of weights space ({need.key}) on each node"]
+    parts = [f"needs {size_text(need.total)} of weights space ({need.key}) on each node"]
     if short:
-        shown = ", ".join(f"{n}: {_size(view.room.get(n, 0))} free" for n in short[:NAMED])
+        shown = ", ".join(f"{n}: {size_text(view.room.get(n, 0))} free" for n in short[:NAMED])
         more = f" and {len(short) - NAMED} more" if len(short) > NAMED else ""
         parts.append(f"nodes with free GPUs but too little free space for the weights: {shown}{more}")
     if no_cache:
@@ -114,7 +114,8 @@ def _reason(request: PlacementRequest, snapshot: ClusterSnapshot, view: WeightsV
     return "; ".join(parts)
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """Bytes in words: 140.0 GB."""
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"

@@ -56,6 +56,13 @@ def _apply(args) -> int:
     for verb in ("created", "updated", "unchanged", "removed"):
         for name in result.get(verb, []):
             print(f"{name} {verb}")
+    for started in result.get("rollouts", []):
+        name = started["model"]
+        line = f"{name}: rollout revision {started['from_revision']} -> {started['to_revision']} started"
+        if started["status"] == "paused":
+            line += (f" paused (the rollout it supersedes was paused; 'llmgw ctl rollout resume {name}' "
+                     "carries it on)")
+        print(line)
     return 0
 
 

@@ -41,7 +41,7 @@ def _describe(data: dict) -> list[str]:
         lines.append("no rollout yet: its replicas run the revision they were made with")
         return lines
     head = f"rollout revision {rollout['from_revision']} -> {rollout['to_revision']}: {rollout['status']}"
-    if rollout["status_reason"] and rollout["status"] not in OPEN:
+    if rollout["status_reason"] and (rollout["status"] not in OPEN or rollout["status"] == "paused"):
         head += f" ({rollout['status_reason']})"
     lines.append(head)
     lines.append(f"  {rollout['updated']} of {rollout['wanted']} updated; "

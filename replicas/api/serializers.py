@@ -94,7 +94,7 @@ class RolloutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rollout
         fields = ["id", "model", "from_revision", "to_revision", "status", "status_reason", "waiting_for",
-                  "updated", "wanted", "failures", "actor", "log", "started_at", "status_changed_at", "finished_at"]
+                  "updated", "wanted", "failures", "staging", "actor", "log", "started_at", "status_changed_at", "finished_at"]
 
 
 class RolloutStatusSerializer(serializers.Serializer):

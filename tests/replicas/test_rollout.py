@@ -182,6 +182,52 @@ def test_pause_holds_resume_continues_undo_returns_to_the_old_argv(spare):
         rollout.rollout_resume(name="llama")
 
 
+def test_a_new_apply_on_a_paused_rollout_starts_paused_and_undo_waits_for_resume(spare):
+    catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "0.01"]}])
+    _settle(2)
+    rollout.rollout_pause(name="llama", actor="ops")
+    _settle(3)  # what was under way finishes
+    held = sorted((r.pk, r.revision.number) for r in _ready())
+    assert {n for _, n in held} == {1, 2}
+    result = catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "0.02"]}], actor="ops")
+    assert result["updated"] == ["llama"]
+    assert result["rollouts"] == [{"model": "llama", "from_revision": 1, "to_revision": 3, "status": "paused"}]
+    old, new = Rollout.objects.order_by("pk")
+    assert old.status == RolloutStatus.SUPERSEDED and "the new rollout starts paused" in old.status_reason
+    assert new.status == RolloutStatus.PAUSED and new.status_reason == "paused: the rollout it superseded was paused"
+    assert "started paused by ops (args changed)" in new.log[-1]
+    assert "'llmgw ctl rollout resume llama' carries it on" in new.log[-1]
+    # Paused: nothing more is replaced, whatever the change.
+    _settle(4)
+    assert sorted((r.pk, r.revision.number) for r in _ready()) == held
+    assert Rollout.objects.get(pk=new.pk).status == RolloutStatus.PAUSED
+    assert Rollout.objects.get(pk=new.pk).waiting_for.startswith("paused:")
+    # As kubectl: no undo of a paused rollout; resume first.
+    with pytest.raises(InvalidRolloutTransition, match="while it is paused .*resume it first"):
+        rollout.rollout_undo(name="llama", actor="ops")
+    assert CatalogEntry.objects.get(name="llama").revision == 3
+    rollout.rollout_resume(name="llama", actor="ops")
+    _settle(16)
+    assert Rollout.objects.get(pk=new.pk).status == RolloutStatus.DONE
+    assert {r.revision.number for r in _ready()} == {3} and len(_ready()) == 4
+    # A change to a running rollout starts a running one, as before.
+    catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "0.03"]}])
+    _settle(1)
+    assert catalog_apply(entries=[{**ENTRY, "args": ["--token-delay", "0.04"]}])["rollouts"][0]["status"] == "running"
+
+
+def test_a_launch_changed_outside_the_catalog_services_is_rolled_out_by_the_reconcile(spare):
+    CatalogEntry.objects.filter(name="llama").update(args=["--token-delay", "0.01"])  # a shell, SQL
+    _settle(14)
+    model = CatalogEntry.objects.get(name="llama")
+    assert model.revision == 2
+    done = Rollout.objects.get()
+    assert done.status == RolloutStatus.DONE and done.actor == "reconcile"
+    assert "started by reconcile (args changed)" in done.log[0]
+    assert Event.objects.filter(message__contains="changed outside the catalog's services").exists()
+    assert {r.revision.number for r in _ready()} == {2} and len(_ready()) == 4
+
+
 def test_a_removed_model_goes_with_its_revisions_and_rollouts(spare):
     from replicas.catalog import model_remove
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from rest_framework.test import APIClient
 
 from accounts import roles, services
@@ -90,7 +91,7 @@ def test_unknown_model_is_404_and_no_previous_revision_is_409(users):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_ctl_rollout(web_factory, admin_token, no_reconcile_enqueue, settings):
+def test_ctl_rollout(web_factory, admin_token, no_reconcile_enqueue, settings, tmp_path):
     settings.LLMGW_ROUTING_SETTLE = 0
     web = web_factory()
 
@@ -113,14 +114,25 @@ def test_ctl_rollout(web_factory, admin_token, no_reconcile_enqueue, settings):
     assert paused.returncode == 0 and "paused" in paused.stdout
     refused = ctl("rollout", "pause", "llama")
     assert refused.returncode == 1 and "409: cannot pause the rollout of llama" in refused.stderr
+    # A change applied to a paused rollout: the new one starts paused, and both say so.
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": [{**ENTRY, "args": ["--token-delay", "0.02"]}]}))
+    applied = ctl("apply", "-f", str(catalog))
+    assert applied.returncode == 0, applied.stderr
+    assert ("llama: rollout revision 1 -> 3 started paused (the rollout it supersedes was paused; "
+            "'llmgw ctl rollout resume llama' carries it on)") in applied.stdout, applied.stdout
+    held = ctl("rollout", "status", "llama").stdout
+    assert "rollout revision 1 -> 3: paused (paused: the rollout it superseded was paused)" in held, held
+    no_undo = ctl("rollout", "undo", "llama")
+    assert no_undo.returncode == 1 and "while it is paused" in no_undo.stderr and "resume it first" in no_undo.stderr
     assert ctl("rollout", "resume", "llama").returncode == 0
-    _settle(14)
+    _settle(16)
     table = ctl("replicas").stdout
     assert table.splitlines()[0].split()[:4] == ["replica", "model", "rev", "state"]
-    assert all(line.split()[2] == "2" for line in table.splitlines()[1:]), table
+    assert all(line.split()[2] == "3" for line in table.splitlines()[1:]), table
     assert json.loads(ctl("rollout", "status", "llama", "-o", "json").stdout)["rollout"]["status"] == "done"
     undone = ctl("rollout", "undo", "llama")
-    assert undone.returncode == 0 and "revision 3" in undone.stdout
+    assert undone.returncode == 0 and "revision 4" in undone.stdout
     assert Replica.objects.exclude(status="stopped").count() >= 4
     missing = ctl("rollout", "status", "nope")
     assert missing.returncode == 1 and "404" in missing.stderr
