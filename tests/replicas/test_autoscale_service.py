@@ -1,7 +1,8 @@
 """The autoscaler's tick against the database: signals in, the count changed
 under the locks, an Event naming the values and the rule; a scale-down
-stops the replica with the fewest requests in flight, which leaves routing
-and stops once they finish."""
+stops the replica with the fewest requests in flight (or the one whose node
+another model's pending replica waits for), which leaves routing and stops
+once they finish."""
 
 from __future__ import annotations
 
