@@ -131,7 +131,7 @@ def _target(policy: Policy) -> str:
 
 
 def _held_since(history: list[Sample], now: Sample, above: bool, current: int,
-                policy: Policy | None = None) -> tuple[float, list[Sample]]:
+                policy: Policy) -> tuple[float, list[Sample]]:
     """How long the recommendation has been on one side of ``current`` (below: the
     scale-down's, with ``DOWN_SPARE``), without a break, and the samples of that run (newest first)."""
     run = [now]
@@ -172,7 +172,7 @@ def decide(*, policy: Policy, signals: Signals, history: list[Sample], last_chan
         return keep("capacity", f"{said}, {_target(p)}, would want {rec}; but {s.stuck} replica(s) already "
                     "wait for GPUs, so no more are asked for")
     if rec > current:
-        since, run = _held_since(history, sample, True, current)
+        since, run = _held_since(history, sample, True, current, p)
         held = s.at - since
         if held >= p.up_after:
             floor = min(x.recommended for x in run if x.at >= s.at - p.up_after)
@@ -193,7 +193,7 @@ def decide(*, policy: Policy, signals: Signals, history: list[Sample], last_chan
         if held >= p.down_after:
             ceiling = max(recommend_down(p, x) for x in run if x.at >= s.at - p.down_after)
             to = max(ceiling, current - p.max_step, p.min)
-            return change(to, "down", f"{said} for {held:.0f}s, {_target(p)}")
+            return change(to, "down", f"{said} for {held:.0f}s, {_target(p)} with {DOWN_SPARE:.0%} to spare")
         return keep("down-pending", f"{said}, {_target(p)}: {down} enough for {held:.0f}s of {p.down_after:g}s")
     if rec < current:
         return keep("steady", f"{said}, {_target(p)}: {rec} would do, but without {DOWN_SPARE:.0%} of the target "
