@@ -144,6 +144,10 @@ def _p(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s" if value < 1 else f"{value:.2f}s"
 
@@ -329,15 +333,28 @@ def _report(args, policy, results, timeline, marks, cpu, Event) -> dict:
     directions = [1 if c["to"] > c["from"] else -1 for c in changes]
     flips = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
     minutes = cpu.get("noisy", (0, 0))[1] / 60
+    # What the noise cost: the replicas kept (time-weighted from the quarter-second timeline) against
+    # what the mean load needs (the mean of the samples' recommendations).
+    during = [(wanted, ready) for t, wanted, ready in timeline.points if t >= noisy]
+    mean_wanted = statistics.fmean(w for w, _ in during) if during else None
+    from replicas.autoscaling.history import store as history_store
+
+    recommended = [x["recommended"] for x in history_store().read(MODEL, since=noisy)]
+    mean_recommended = statistics.fmean(recommended) if recommended else None
     print(f"noisy (+-30% around {2 * args.base_rate:g}/s, {minutes:.1f} min): {len(changes)} change(s) "
-          f"{[(c['from'], c['to']) for c in changes]}, {flips} direction change(s) (goal <= 1 per 5 min)")
+          f"{[(c['from'], c['to']) for c in changes]}, {flips} direction change(s) "
+          f"({flips / (minutes / 5) if minutes else 0:.2f} per 5 min; goal <= 1 per 5 min); replicas wanted "
+          f"{_num(mean_wanted)} on average, each look's recommendation {_num(mean_recommended)} on average "
+          f"(from {min(recommended, default=0)} to {max(recommended, default=0)})")
     failed_total = sum(1 for r in results if r.status not in (200, 429))
     print(f"failed requests in the whole trace (429s of the burst apart): {failed_total} (goal 0)")
     figures.update(decision_s=decision, ready_s=(ready_at - step) if ready_at else None,
                    burst={"sent": len(burst), "served": len(served), "429": sum(r.status == 429 for r in burst),
                           "first_ttft_s": first.ttft if first else None,
                           "first_latency_s": first.latency if first else None},
-                   noisy={"changes": len(changes), "direction_changes": flips, "minutes": minutes},
+                   noisy={"changes": len(changes), "direction_changes": flips, "minutes": minutes,
+                          "steps": [(c["from"], c["to"]) for c in changes], "mean_wanted": mean_wanted,
+                          "mean_recommended": mean_recommended},
                    failed=failed_total)
     return figures
 

@@ -31,7 +31,7 @@ from . import inflight, selectors, services
 from .bodycheck import Checker, Hashing
 from .engineload import REDIS_KEY as ENGINE_READINGS_KEY, EngineScraper
 from .metrics import GatewayMetrics
-from .hold import Holds
+from .hold import Holds, RedisPlaces
 from .limits import LocalLimiter, RedisLimiter
 from .load_report import LoadReport
 from .routing import CACHE_AWARE, Key, RoutingTable, key_of
@@ -77,7 +77,7 @@ class Gateway:
                                      timeout=min(2.0, settings.LLMGW_GATEWAY_CONNECT_TIMEOUT))
         self._scrape_task: asyncio.Task | None = None
         # Autoscaling: requests held for a model that is starting, and this process's load per model.
-        self.holds = Holds()
+        self.holds = Holds(RedisPlaces(settings.LLMGW_REDIS_URL, self.name) if settings.LLMGW_REDIS_URL else None)
         self.load = LoadReport()
         self.metrics = GatewayMetrics()
         self.open = settings.LLMGW_GATEWAY_OPEN
@@ -179,6 +179,10 @@ class Gateway:
             await self.limiter.close()
         except Exception:
             logger.warning("gateway limiter did not close cleanly", exc_info=True)
+        try:
+            await self.holds.close()
+        except Exception:
+            logger.warning("gateway held-request places did not close cleanly", exc_info=True)
         self.bodies.close()
         if self.started:
             loop = asyncio.get_running_loop()

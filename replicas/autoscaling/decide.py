@@ -12,12 +12,23 @@ Rules, in order (the first that applies decides):
 5. ``up``: the recommended count has been above the current one for
    ``up_after`` seconds: up to the lowest count recommended over that window.
 6. ``zero``: min 0, no request for ``zero_after`` seconds: to zero.
-7. ``down``: the recommended count has been below the current one for
-   ``down_after`` seconds: down to the highest count recommended over that window.
+7. ``down``: the count recommended with ``DOWN_SPARE`` to spare has been
+   below the current one for ``down_after`` seconds: down to the highest such
+   count over that window (Kubernetes' HPA: scale down to the highest
+   recommendation of the stabilization window).
 
 Every step is at most ``max_step`` replicas (bounds excepted). The
 recommendation is ceil(load / target), within [max(min, 1), max] (while the
 model has replicas); zero is reached only by the ``zero`` rule.
+
+Scaling up and scaling down do not meet at one threshold: a count goes up
+as soon as the load holds above count x target, and comes down only to a
+count that carries the load with ``DOWN_SPARE`` of the target to spare.
+Without that band a load that sits on the boundary between two counts,
+with noise around it, goes up on a few seconds above and down on a quiet
+half-minute, again and again (replayed in the decide tests: bench/autoscale.py's
+noisy load under 4 s / 30 s windows flapped up to 7 times in 30 minutes;
+with the band, not once).
 """
 
 from __future__ import annotations
@@ -26,6 +37,9 @@ import math
 from dataclasses import asdict, dataclass
 
 from .policy import METRICS, Policy
+
+# The share of the target a count must leave free before the model scales down to it.
+DOWN_SPARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,18 @@ def recommend(policy: Policy, s: Signals, load: float) -> int:
     return min(max(raw, policy.min, 1 if s.wanted > 0 else 0), policy.max)
 
 
+def recommend_down(policy: Policy, sample: Sample) -> int:
+    """The count a scale-down may go to for one sample: its load over the target less ``DOWN_SPARE``
+    (never below the sample's own recommendation)."""
+    target = policy.target * (1 - DOWN_SPARE)
+    if policy.metric == "kv_usage":
+        raw = math.ceil(sample.ready * sample.load / target - 1e-9) if sample.ready else (1 if sample.busy else 0)
+    else:
+        raw = math.ceil(sample.load / target - 1e-9)
+    floor = 1 if sample.wanted > 0 else 0
+    return max(sample.recommended, min(max(raw, policy.min, floor), policy.max))
+
+
 def _describe_load(policy: Policy, s: Signals, load: float) -> str:
     if policy.metric == "requests":
         return f"{s.inflight} request(s) in flight and {s.held} held over {s.ready} ready replica(s)"
@@ -104,14 +130,15 @@ def _target(policy: Policy) -> str:
     return f"target {policy.target:g} " + ("KV use" if policy.metric == "kv_usage" else "per replica")
 
 
-def _held_since(history: list[Sample], now: Sample, above: bool, current: int) -> tuple[float, list[Sample]]:
-    """How long the recommendation has been on one side of ``current``, without
-    a break, and the samples of that run (newest first)."""
+def _held_since(history: list[Sample], now: Sample, above: bool, current: int,
+                policy: Policy) -> tuple[float, list[Sample]]:
+    """How long the recommendation has been on one side of ``current`` (below: the
+    scale-down's, with ``DOWN_SPARE``), without a break, and the samples of that run (newest first)."""
     run = [now]
     for sample in reversed(history):
         if sample.at > now.at:
             continue
-        if (sample.recommended > current) if above else (sample.recommended < current):
+        if (sample.recommended > current) if above else (recommend_down(policy, sample) < current):
             run.append(sample)
         else:
             break
@@ -145,7 +172,7 @@ def decide(*, policy: Policy, signals: Signals, history: list[Sample], last_chan
         return keep("capacity", f"{said}, {_target(p)}, would want {rec}; but {s.stuck} replica(s) already "
                     "wait for GPUs, so no more are asked for")
     if rec > current:
-        since, run = _held_since(history, sample, True, current)
+        since, run = _held_since(history, sample, True, current, p)
         held = s.at - since
         if held >= p.up_after:
             floor = min(x.recommended for x in run if x.at >= s.at - p.up_after)
@@ -159,14 +186,18 @@ def decide(*, policy: Policy, signals: Signals, history: list[Sample], last_chan
         if spans and all(x.busy == 0 for x in covered) and (quiet is None or quiet >= p.zero_after):
             to = max(0, current - p.max_step)
             return change(to, "zero", f"no request for {p.zero_after:g}s (min 0)")
-    if rec < current:
-        since, run = _held_since(history, sample, False, current)
+    down = recommend_down(p, sample)
+    if down < current:
+        since, run = _held_since(history, sample, False, current, p)
         held = s.at - since
         if held >= p.down_after:
-            ceiling = max(x.recommended for x in run if x.at >= s.at - p.down_after)
+            ceiling = max(recommend_down(p, x) for x in run if x.at >= s.at - p.down_after)
             to = max(ceiling, current - p.max_step, p.min)
-            return change(to, "down", f"{said} for {held:.0f}s, {_target(p)}")
-        return keep("down-pending", f"{said}, {_target(p)}: {rec} enough for {held:.0f}s of {p.down_after:g}s")
+            return change(to, "down", f"{said} for {held:.0f}s, {_target(p)} with {DOWN_SPARE:.0%} to spare")
+        return keep("down-pending", f"{said}, {_target(p)}: {down} enough for {held:.0f}s of {p.down_after:g}s")
+    if rec < current:
+        return keep("steady", f"{said}, {_target(p)}: {rec} would do, but without {DOWN_SPARE:.0%} of the target "
+                    "to spare (no scale-down)")
     return keep("steady", f"{said}, {_target(p)}")
 
 

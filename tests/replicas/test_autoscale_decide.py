@@ -3,6 +3,7 @@ its properties under hypothesis, and its rules one by one."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from replicas.autoscaling.decide import Sample, Signals, decide
@@ -161,3 +162,48 @@ def test_scale_down_choice_order():
                   Candidate(3, "starting"), Candidate(4, "pending"), Candidate(5, "ready", 0)]
     assert [c.replica_id for c in scale_down_pick(candidates, 5)] == [4, 3, 2, 5, 1]
     assert scale_down_pick(candidates, 0) == []
+
+
+def _noisy_trace_direction_changes(policy: Policy, *, seed: int, level: float, minutes: float,
+                                   service: float = 2.0) -> tuple[int, list[int]]:
+    """bench/autoscale.py's noisy load, replayed through the decision alone: Poisson arrivals whose rate
+    is redrawn every 5 s within +-30 % of ``level``, each request in flight ``service`` seconds, a look
+    every second. Returns the direction changes and the counts the decision went through."""
+    import random
+
+    rng = random.Random(seed)
+    end = minutes * 60
+    starts, t, rate, next_change = [], 0.0, level, 0.0
+    while t < end:
+        if t >= next_change:
+            rate, next_change = level * rng.uniform(0.7, 1.3), next_change + 5
+        starts.append(t)
+        t += rng.expovariate(rate)
+    wanted, last_change, history, counts, first = 2, None, [], [2], 0
+    for look in range(int(end)):
+        while first < len(starts) and starts[first] + service <= look:
+            first += 1
+        inflight = sum(1 for s in starts[first:] if s <= look)
+        decision = decide(policy=policy, signals=Signals(at=float(look), wanted=wanted, ready=wanted,
+                                                          inflight=inflight, last_request_at=float(look)),
+                          history=history, last_change_at=last_change)
+        history = [*history[-600:], decision.sample]
+        if decision.changes:
+            wanted, last_change = decision.to, float(look)
+            counts.append(wanted)
+    steps = [b - a for a, b in zip(counts, counts[1:])]
+    flips = sum(1 for a, b in zip(steps, steps[1:]) if (a > 0) != (b > 0))
+    return flips, counts
+
+
+@pytest.mark.parametrize("windows", [{}, {"up_after": 4, "down_after": 30}], ids=["default", "bench"])
+@pytest.mark.parametrize("level", [3.0, 4.0, 5.0, 6.0])
+def test_a_noisy_load_does_not_flap(level, windows):
+    """The benchmark's noisy load (+-30 % around a level, redrawn every 5 s) for 30 minutes, six seeds per
+    level, under the default windows (up_after 6 s, down_after 60 s) and under bench/autoscale.py's shorter
+    ones (4 s, 30 s): at most one direction change per 5 minutes. (Without the scale-down's spare
+    (decide.DOWN_SPARE), the shorter windows flapped up to 7 times in 30 minutes at 6/s.)"""
+    policy = Policy(min=0, max=6, target=4, **windows)
+    for seed in range(6):
+        flips, counts = _noisy_trace_direction_changes(policy, seed=seed, level=level, minutes=30)
+        assert flips <= 30 / 5, (seed, counts)

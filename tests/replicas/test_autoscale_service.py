@@ -1,7 +1,8 @@
 """The autoscaler's tick against the database: signals in, the count changed
 under the locks, an Event naming the values and the rule; a scale-down
-stops the replica with the fewest requests in flight, which leaves routing
-and stops once they finish."""
+stops the replica with the fewest requests in flight (or the one whose node
+another model's pending replica waits for), which leaves routing and stops
+once they finish."""
 
 from __future__ import annotations
 
@@ -151,3 +152,72 @@ def test_two_models_wanting_the_same_gpus_pile_up_nothing_and_do_not_flap(load):
     pending = Replica.objects.filter(status=ReplicaStatus.PENDING)
     assert pending.exists() and all(r.pending_reason for r in pending)
     assert Event.objects.filter(kind="autoscale").count() <= 2
+
+
+def test_scale_down_gives_up_the_replica_whose_node_a_pending_replica_waits_for(load, monkeypatch, settings):
+    """Through the services: qwen has a replica on node01 (idle) and one on node02 (busy); big needs node02's
+    two GPUs and waits. The scale-down stops node02's replica (not the idle one), it stops once its requests
+    have finished, and big is placed where it was."""
+    from nodes.services import node_cordon, node_uncordon
+    from replicas import reconcile, services
+
+    from .test_services import _placement, _report
+
+    settings.LLMGW_ROUTING_SETTLE = 0
+    nodes = {"node01": node_with_gpus("node01", gpus=1, addr="127.0.1.1"),
+             "node02": node_with_gpus("node02", gpus=2, addr="127.0.1.2")}
+
+    def converge():
+        for node in nodes.values():
+            node.refresh_from_db()
+            _report(node)
+
+    # qwen's first replica on node01 (node02 cordoned while it is placed), its second on node02.
+    node_cordon(node_name="node02")
+    catalog_apply(entries=[{"name": "qwen", "engine": "sim", "model": "/m", "replicas": 1, "autoscale": POLICY}])
+    reconcile.replicas_reconcile()
+    node_uncordon(node_name="node02")
+    CatalogEntry.objects.filter(name="qwen").update(replicas=2)
+    reconcile.replicas_reconcile()
+    converge()
+    converge()
+    placed = {r.pk: set(_placement(r)) for r in Replica.objects.filter(model__name="qwen", status=ReplicaStatus.READY)}
+    assert sorted(map(sorted, placed.values())) == [["node01"], ["node02"]], placed
+    on_node01 = next(pk for pk, where in placed.items() if where == {"node01"})
+    on_node02 = next(pk for pk, where in placed.items() if where == {"node02"})
+    # big wants both of node02's GPUs: it waits, and says why.
+    catalog_apply(entries=[{"name": "qwen", "engine": "sim", "model": "/m", "replicas": 1, "autoscale": POLICY},
+                           {"name": "big", "engine": "sim", "model": "/m", "replicas": 1, "gpus_per_node": 2}])
+    reconcile.replicas_reconcile()
+    big = Replica.objects.get(model__name="big")
+    assert big.status == ReplicaStatus.PENDING and big.pending_reason
+
+    # node02's replica is the busier: fewest-in-flight alone would stop node01's.
+    busy = {on_node01: 0, on_node02: 3}
+    monkeypatch.setattr(hooks, "inflight_providers", [lambda replica_id: busy.get(replica_id, 0)])
+    load["qwen"] = (3, 0, None)
+    decision = service.autoscale_tick()["qwen"]
+    assert (decision.rule, decision.to) == ("down", 1)
+    assert Replica.objects.get(pk=on_node02).status == ReplicaStatus.STOPPING
+    assert Replica.objects.get(pk=on_node01).status == ReplicaStatus.READY
+    event = Event.objects.filter(kind="autoscale").get()
+    assert event.data["stopping"] == [on_node02]
+    assert Event.objects.filter(subject=f"replica/{on_node02}",
+                                message__contains="its GPUs let a pending replica fit").exists()
+
+    # It stops once its requests have finished, not before; then big takes node02.
+    services.replicas_quiesce()
+    assert Replica.objects.get(pk=on_node02).quiesced is False
+    busy[on_node02] = 0
+    services.replicas_quiesce()
+    assert Replica.objects.get(pk=on_node02).quiesced is True
+    # Its agent stops it: node02 reports no engine of it any more.
+    gone = Replica.objects.get(pk=on_node02)
+    _report(nodes["node02"], **{m.member_id: (None, False) for m in gone.members.all()})
+    assert Replica.objects.get(pk=on_node02).status == ReplicaStatus.STOPPED
+    reconcile.replicas_reconcile()
+    converge()
+    converge()
+    big.refresh_from_db()
+    assert big.status == ReplicaStatus.READY and set(_placement(big)) == {"node02"}
+    assert Replica.objects.get(pk=on_node01).status == ReplicaStatus.READY
