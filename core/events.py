@@ -15,6 +15,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .bulk import rows_insert
 from .choices import EventSeverity
 from .exceptions import UnknownEventKind
 from .models import Event
@@ -74,10 +75,25 @@ def event_record(
     )
 
 
-def events_record(events: list[Event]) -> None:
-    """Many events in a few statements (a batch of placements)."""
-    for event in events:
-        event_kind_check(event.kind)
-    for event in events:
-        _log(event.kind, event.subject, event.message, event.severity)
-    Event.objects.bulk_create(events, batch_size=500)
+def events_record(events: list[Event | dict[str, Any]]) -> None:
+    """Many events in one statement (a batch of placements): Event instances,
+    or dicts of ``event_record``'s arguments. Every kind is checked before
+    anything is written."""
+    rows = [_event_row(event) for event in events]
+    for row in rows:
+        event_kind_check(row["kind"])
+    for row in rows:
+        _log(row["kind"], row["subject"], row["message"], row.get("severity", EventSeverity.INFO))
+    rows_insert(Event, rows)
+
+
+def _event_row(event: Event | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(event, Event):
+        return {f.attname: getattr(event, f.attname) for f in Event._meta.concrete_fields
+                if not f.primary_key and getattr(event, f.attname) is not None}
+    row = dict(event)
+    node = row.pop("node", None)
+    row["node_id"] = node.pk if node is not None else None
+    if row.get("data") is None:
+        row["data"] = {}
+    return row

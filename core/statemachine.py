@@ -21,7 +21,6 @@ from django.utils import timezone
 from .choices import EventSeverity
 from .events import event_record, events_record
 from .exceptions import InvalidTransition
-from .models import Event
 
 
 class StateMachine:
@@ -110,19 +109,12 @@ class StateMachine:
         for row in rows:
             reason = reasons[row.pk]
             previous_of[row.pk], fields = self._set(row, to, reason, now)
-            events.append(Event(**self._event(row, previous_of[row.pk], to, reason, EventSeverity.INFO)))
-        # One statement prepared once and run per row with every changed
-        # field (psycopg pipelines it: one round trip for the batch; an
-        # UPDATE per group of equal values cost a round trip per group, and
-        # bulk_update's CASE over a batch costs more to build than this).
-        meta, q = type(rows[0])._meta, connection.ops.quote_name
+            events.append(self._event(row, previous_of[row.pk], to, reason, EventSeverity.INFO))
+        meta = type(rows[0])._meta
         columns = [meta.get_field(name) for name in dict.fromkeys([*fields, *also])]
-        with connection.cursor() as cursor:
-            cursor.executemany(
-                f"UPDATE {q(meta.db_table)} SET {', '.join(f'{q(c.column)} = %s' for c in columns)} "
-                f"WHERE {q(meta.pk.column)} = %s",
-                [[c.get_db_prep_save(getattr(row, c.attname), connection) for c in columns] + [row.pk] for row in rows],
-            )
+        _rows_update(meta, columns, [
+            [c.get_db_prep_save(getattr(row, c.attname), connection) for c in columns] + [row.pk] for row in rows
+        ])
         events_record(events)
         for row in rows:
             self.changed(row, previous_of[row.pk], to)
@@ -158,3 +150,30 @@ class StateMachine:
                     return None
             self.apply(row, to=to, reason=reason, severity=severity)
         return row
+
+
+def _rows_update(meta, columns: list[models.Field], values: list[list[Any]]) -> None:
+    """Write each row's ``values`` (its columns', then its pk) in one
+    statement: on PostgreSQL an UPDATE from a VALUES list (one statement for
+    the batch; a statement per row, even pipelined, cost the server a
+    statement each), elsewhere one statement run per row."""
+    q = connection.ops.quote_name
+    table, pk = q(meta.db_table), meta.pk
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            cursor.executemany(
+                f"UPDATE {table} SET {', '.join(f'{q(c.column)} = %s' for c in columns)} WHERE {q(pk.column)} = %s",
+                values,
+            )
+            return
+        names = ", ".join(q(c.column) for c in [*columns, pk])
+        # Each column cast to its type: a VALUES column of NULLs alone is text.
+        assign = ", ".join(f"{q(c.column)} = v.{q(c.column)}::{c.cast_db_type(connection)}" for c in columns)
+        for start in range(0, len(values), 1000):
+            chunk = values[start:start + 1000]
+            row = "(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"
+            cursor.execute(
+                f"UPDATE {table} SET {assign} FROM (VALUES {', '.join([row] * len(chunk))}) AS v({names}) "
+                f"WHERE {table}.{q(pk.column)} = v.{q(pk.column)}::{pk.cast_db_type(connection)}",
+                [value for row_values in chunk for value in row_values],
+            )

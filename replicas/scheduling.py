@@ -14,6 +14,7 @@ from collections import defaultdict
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from core.bulk import rows_insert, rows_insert_returning
 from core.choices import EventSeverity
 from core.events import events_record
 from core.models import Event
@@ -130,7 +131,9 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         names = sorted({m.node for _, p in items for m in p.members})
         nodes = {
             n.name: n
-            for n in Node.objects.select_for_update(of=("self",), no_key=True).filter(name__in=names).order_by("pk")
+            for n in Node.objects.select_for_update(of=("self",), no_key=True).filter(name__in=names)
+            # What launch specs read (replicas.launch); not the inventory's JSON.
+            .only("id", "name", "status", "mgmt_addr", "mgmt_interface").order_by("pk")
         }
         for name in names:
             if name not in nodes or nodes[name].status != NodeStatus.READY:
@@ -189,17 +192,23 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         if gone:
             # The snapshot is older than a quarantine (or a GPU gone): place again.
             raise PlacementConflict(f"GPU {', '.join(gone)} is no longer in service")
-        Member.objects.bulk_create(members, batch_size=1000)
-        GpuAllocation.objects.bulk_create(
-            [GpuAllocation(gpu_id=gpu_ids[(m.node_id, i)], member_id=m.pk, node_id=m.node_id)
-             for m in members for i in m.gpus],
-            batch_size=2000,
-        )
-        PortAllocation.objects.bulk_create(
-            [PortAllocation(node_id=m.node_id, port=port, member_id=m.pk, purpose=purpose)
-             for m, ports in zip(members, port_plan) for purpose, port in ports.items()],
-            batch_size=2000,
-        )
+        # COPY on PostgreSQL (core.bulk): the members with ids drawn first,
+        # then their allocations, which nothing reads back.
+        ids = rows_insert_returning(Member, [
+            {"replica_id": m.replica_id, "node_id": m.node_id, "rank": m.rank, "gpus": m.gpus, "ports": m.ports,
+             "argv": m.argv, "env": m.env, "serves_http": m.serves_http, "health_url": m.health_url}
+            for m in members
+        ])
+        for member, pk in zip(members, ids):
+            member.pk = pk
+        rows_insert(GpuAllocation, [
+            {"gpu_id": gpu_ids[(m.node_id, i)], "member_id": m.pk, "node_id": m.node_id}
+            for m in members for i in m.gpus
+        ])
+        rows_insert(PortAllocation, [
+            {"node_id": m.node_id, "port": port, "member_id": m.pk, "purpose": purpose}
+            for m, ports in zip(members, port_plan) for purpose, port in ports.items()
+        ])
         reasons = {
             replica.pk: f"on {plan.fabric or 'a fabric-less node'}: "
             + " + ".join(f"{m.node} GPUs {','.join(map(str, m.gpus))}" for m in plan.members)
