@@ -213,7 +213,7 @@ class RoutingTable:
             uncached = max(0, hints.chars - matched * self.block_chars) / chars_per_token if cache else 0.0
             candidates.append(scoring.Candidate(route.replica_id, route._inflight, running, waiting, kv,
                                                 matched, route.down_until > now, own, backlog, uncached,
-                                                cache_tokens))
+                                                cache_tokens, memory.size(route.replica_id) if memory else 0))
         if cache:
             index, reason = scoring.cache_aware(candidates, len(hints.blocks), self.knobs)
         else:

@@ -67,6 +67,10 @@ class Candidate:
     backlog: int | None = None
     uncached: float = 0.0
     cache_tokens: int = 0
+    # Prefix blocks the gateway remembers there: among equally loaded
+    # replicas a new prefix goes where the memory is smallest (SGLang's
+    # router sends a miss to the smallest tree), not always to the lowest id.
+    remembered: int = 0
 
     @property
     def load(self) -> int:
@@ -91,9 +95,11 @@ def _usable(candidates: list[Candidate]) -> list[int]:
 
 
 def least_loaded(candidates: list[Candidate], among: list[int] | None = None) -> int:
-    """The index with the least load, then the least KV use, then the lowest replica id (deterministic)."""
+    """The index with the least load, then the least KV use, then the fewest
+    remembered blocks, then the lowest replica id (deterministic)."""
     among = _usable(candidates) if among is None else among
-    return min(among, key=lambda i: (candidates[i].load, candidates[i].kv_use or 0.0, candidates[i].replica_id))
+    return min(among, key=lambda i: (candidates[i].load, candidates[i].kv_use or 0.0, candidates[i].remembered,
+                                     candidates[i].replica_id))
 
 
 def cache_aware(candidates: list[Candidate], blocks: int, knobs: Knobs = DEFAULT_KNOBS) -> tuple[int, str]:
