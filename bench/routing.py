@@ -1,6 +1,6 @@
 """Routing policies side by side on simulated engines that model a KV cache.
 
-    make bench-routing      (or: python bench/routing.py [--seconds 15] [--policies ...] [--gateways 2])
+    make bench-routing      (or: python bench/routing.py [--quick] [--seconds 12] [--policies ...] [--gateways 2])
 
 One machine: a real control plane (PostgreSQL, Redis, agent API, Celery),
 one simulated node with 8 GPUs whose real agent runs 8 sim engines of one
@@ -18,11 +18,13 @@ what a shared 2-core machine can drive. Workloads, modelled on llm-d's:
 - ``unique``: the same arrival process, prompts of 200-600 words shared by nobody;
 - ``hot``: as ``shared``, but one group's prefix takes half of all requests.
 
-Arrivals are Poisson at 80 % of the cluster's capacity for the workload as an
-ideal router would serve it (each prefix prefilled once, then hits: capacity
-= replicas / (question words x prefill time)); every policy gets the same
-arrival times (a seed) and its own prefix texts (so no policy inherits
-another's cache). The group workloads start with one request per group
+First, per workload, a capacity ramp: steps of ``--ramp-seconds`` of Poisson
+arrivals under least-outstanding, x1.5 while it keeps up (no failed request,
+TTFT p90 <= ``--slo``), then one step between the last rate it kept up with
+and the first it did not; its capacity is the highest rate it kept up with.
+Then each policy in turn at 80 % of that rate (``--load``): every policy
+gets the same arrival times (a seed) and its own prefix texts (so no policy
+inherits another's cache). The group workloads start with one request per group
 (unmeasured: the cold prefill every policy pays once). Each request streams
 16 tokens; it fails on an error or after ``--timeout`` seconds.
 
@@ -30,7 +32,9 @@ Printed per workload and policy: TTFT p50/p90 of the answered requests,
 output tokens/s over the phase, the engines' prefix-cache hit rate (their
 own counters), failed requests, the gateway processes' CPU per request,
 and each engine's time-averaged queue (requests waiting) and load (running +
-waiting), sampled every 0.5 s. Every process it starts, it stops.
+waiting), sampled every 0.5 s. With ``--gateways 2`` cache-aware runs once
+more with requests alternating between two web processes (which share their
+prefix memory through Redis). Every process it starts, it stops.
 """
 
 from __future__ import annotations
@@ -399,6 +403,13 @@ def goals(phases: list[Phase], b_timeout: float = 15.0, capacities: dict | None 
             met = tput >= 0.95 and b.ttft(90) is not None
         print(f"goal unique: cache-aware within 5 % of least-outstanding: throughput {tput:.3f}x, TTFT p90 {p90} "
               f"({'met' if met else 'NOT met'})")
+    for kind in ("shared", "hot"):
+        one, two = by.get((kind, ca)), next((p for (k, name), p in by.items() if k == kind and name.startswith(ca + " x")),
+                                            None)
+        if one and two and one.queries and two.queries:
+            print(f"two gateway processes, {kind}: cache-aware hit rate {two.hits / two.queries * 100:.0f} % against "
+                  f"{one.hits / one.queries * 100:.0f} % through one; TTFT p90 {_ms(two.ttft(90))} against "
+                  f"{_ms(one.ttft(90))} ms")
     if ("hot", ca) in by:
         p = by[("hot", ca)]
         means = [statistics.fmean(v) for v in p.queue.values() if v]
@@ -413,12 +424,12 @@ def goals(phases: list[Phase], b_timeout: float = 15.0, capacities: dict | None 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=15.0, help="arrivals per phase (default 15 s)")
+    parser.add_argument("--seconds", type=float, default=12.0, help="arrivals per phase (default 12 s)")
     parser.add_argument("--timeout", type=float, default=15.0, help="a request fails after this (default 15 s)")
     parser.add_argument("--load", type=float, default=LOAD,
                         help="arrival rate / the capacity the ramp measured (default 0.8)")
     parser.add_argument("--ramp-seconds", type=float, default=8.0, help="arrivals per ramp step (default 8 s)")
-    parser.add_argument("--ramp-steps", type=int, default=6, help="most steps per ramp (default 6)")
+    parser.add_argument("--ramp-steps", type=int, default=5, help="most steps per ramp (default 5)")
     parser.add_argument("--slo", type=float, default=4.0,
                         help="a ramp step keeps up when nothing fails and TTFT p90 <= this (default 4 s)")
     parser.add_argument("--ramp-policies", default="least-outstanding",
@@ -430,7 +441,9 @@ def main() -> int:
                         help="shorter phases and ramps (8 s / 5 s of arrivals, 10 s timeout, 4 steps): ~5 min")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workloads", default="shared,unique,hot")
-    parser.add_argument("--gateways", type=int, default=1, help="gateway web processes, requests alternating (default 1)")
+    parser.add_argument("--gateways", type=int, default=1,
+                        help="gateway web processes (default 1); with more, every phase goes through the first, and "
+                             "cache-aware is run again with requests alternating over all of them")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--db-name", default=DB_NAME)
@@ -532,7 +545,7 @@ def main() -> int:
                     catalog_apply(entries=[{**entry, "routing": policy}])
                     time.sleep(1.0)  # every gateway process reloads its table (0.2 s)
                     capacities[(kind, policy)], _ = ramp(
-                        gateways, cpu, engines, kind, policy, start=0.6 * miss_capacity(kind),
+                        gateways[:1], cpu, engines, kind, policy, start=0.6 * miss_capacity(kind),
                         seconds=args.ramp_seconds, timeout=args.timeout, slo=args.slo,
                         text_seed=args.seed * 1000 + 500 + n * 10 + r, arrivals_seed=args.seed * 100 + n * 10,
                         max_steps=args.ramp_steps)
@@ -542,14 +555,18 @@ def main() -> int:
                           f"skipped", flush=True)
                     continue
                 rate = args.load * first
-            for m, policy in enumerate(policies):
+            runs = [(policy, gateways[:1]) for policy in policies]
+            if len(gateways) > 1 and "cache-aware" in policies:
+                runs.append(("cache-aware", gateways))
+            for m, (policy, through) in enumerate(runs):
                 catalog_apply(entries=[{**entry, "routing": policy}])
                 time.sleep(1.0)  # every gateway process reloads its table (0.2 s)
                 warm, measured = workload(kind, rate=rate, seconds=args.seconds, arrivals_seed=args.seed + n,
                                           text_seed=args.seed * 1000 + n * 10 + m)
-                print(f"{kind} / {policy}: {len(warm)} prefix groups, {len(measured)} requests at {rate:.2f}/s",
+                label = policy if len(through) == 1 else f"{policy} x{len(through)}"
+                print(f"{kind} / {label}: {len(warm)} prefix groups, {len(measured)} requests at {rate:.2f}/s",
                       flush=True)
-                phases.append(asyncio.run(run_phase(gateways, cpu, engines, kind, policy, warm, measured,
+                phases.append(asyncio.run(run_phase(through, cpu, engines, kind, label, warm, measured,
                                                     args.timeout)))
         print()
         print(f"Run took {time.monotonic() - run_started:.0f} s. The machine is shared with other work: figures are "

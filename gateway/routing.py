@@ -180,7 +180,8 @@ class RoutingTable:
                 self._remember(model, route, hints.blocks)
             return route
         policy = self.policies.get(model)
-        if policy == CACHE_AWARE:
+        if policy == CACHE_AWARE and hints.blocks:
+            # (A prompt shorter than one block has no prefix to find: least-outstanding, ties at random.)
             return self._pick_scored(model, routes, exclude, hints, cache=True)
         if policy == SESSION and hints.session is not None:
             return self._pick_scored(model, routes, exclude, hints, cache=False)

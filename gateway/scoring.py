@@ -37,7 +37,7 @@ class Knobs:
     kv_weight: float = 2.0
     # A replica is overloaded when its load exceeds the least loaded one's by
     # more than balance_abs requests and by more than a factor balance_rel.
-    balance_abs: int = 4
+    balance_abs: int = 8
     balance_rel: float = 1.5
     # Dynamo's cost (used when every candidate's prefill backlog is known;
     # prefill_weight 0: never): its overlap_score_weight, 1 by default, on
