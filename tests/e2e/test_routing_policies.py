@@ -5,6 +5,7 @@ session that stays on its replica while another replica's node is drained."""
 from __future__ import annotations
 
 import random
+import re
 import time
 
 import httpx
@@ -118,7 +119,6 @@ def test_two_gateway_processes_share_where_each_prefix_went(sim_cluster, web_fac
         answers = list(pool.map(lambda p: _ask(first.url, system=p, question="first?"), prefixes))
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     placed = [a.headers["x-llmgw-replica"] for a in answers]
-    # The second process alone, idle, would send all three to one replica (the least loaded, lowest id).
     assert len(set(placed)) >= 2, placed
     time.sleep(1.5)  # a few share intervals (0.25 s)
     for prefix, home in zip(prefixes, placed):
@@ -126,3 +126,8 @@ def test_two_gateway_processes_share_where_each_prefix_went(sim_cluster, web_fac
         assert again.status_code == 200, again.text
         assert again.headers["x-llmgw-replica"] == home
         assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 3900
+    # The second process found each prefix in its memory (a prefix held nowhere counts as "load").
+    metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
+    found = re.search(rf'llmgw_gateway_routing_decisions_total{{model="{MODEL}",policy="cache-aware",'
+                      rf'reason="prefix"}} (\S+)', metrics)
+    assert found and float(found.group(1)) == 3, metrics[-2000:]

@@ -50,8 +50,11 @@ def test_a_prefix_placed_by_one_process_is_routed_to_the_same_replica_by_another
         route.inflight += 1
         placed.append(route.replica_id)
     assert len(set(placed)) == 3
-    # b, idle, alone would send every prefix to the least loaded: replica 1.
-    assert {_table(model, client).pick(model, hints=h).replica_id for h in prefixes} == {1}
+    # A process that has not read the others' placements finds the prefixes nowhere.
+    alone = _table(model, client)
+    for hints in prefixes:
+        alone.pick(model, hints=hints)
+    assert alone.decisions == {(model, "load"): 3}
     _sync(a)
     _sync(b)
     assert [b.pick(model, hints=h).replica_id for h in prefixes] == placed
