@@ -197,10 +197,13 @@ class RoutingTable:
         memory = self.memories.get(model) if cache else None
         matches = memory.matches(hints.blocks, [r.replica_id for r in routes]) if memory and hints.blocks else {}
         if cache and not matches:
-            # No replica holds any of it: least-outstanding, ties at random. (With several
+            # No replica holds any of it: this process's fewest in flight (with several
             # gateway processes, the engines' second-old counts made them all pick the
-            # same replica: TTFT p90 1.5x least-outstanding's, in bench/routing_sim.py.)
-            route = self._least_outstanding(routes, None)
+            # same replica: TTFT p90 1.5x least-outstanding's, in bench/routing_sim.py),
+            # then the smallest memory (SGLang sends a miss to its smallest tree: new
+            # prefixes spread evenly over the caches; at random, some replicas got twice
+            # their share and thrashed), then at random.
+            route = self._least_outstanding(routes, None, memory)
             route.sent_tokens += int(hints.chars / self.chars_per_token)
             self._remember(model, route, hints.blocks)
             count = (model, "load")
@@ -287,15 +290,17 @@ class RoutingTable:
             touched += len(blocks)
         return touched
 
-    def _least_outstanding(self, routes: list[Route], exclude: Route | None) -> Route | None:
-        """The fewest requests in flight (ties broken at random)."""
+    def _least_outstanding(self, routes: list[Route], exclude: Route | None,
+                           memory: PrefixMemory | None = None) -> Route | None:
+        """The fewest requests in flight, then (with a memory) the fewest
+        prefix blocks remembered there, ties broken at random."""
         now = time.monotonic()
         best: list[Route] = []
         best_score = None
         for route in routes:
             if route is exclude:
                 continue
-            score = (route.down_until > now, route.inflight)
+            score = (route.down_until > now, route.inflight, memory.size(route.replica_id) if memory else 0)
             if best_score is None or score < best_score:
                 best, best_score = [route], score
             elif score == best_score:
