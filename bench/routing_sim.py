@@ -257,7 +257,7 @@ def main() -> int:
     parser.add_argument("--loads", default="0.8,1.6", help="arrival rates as fractions of least-outstanding's capacity")
     args = parser.parse_args()
     default = scoring.DEFAULT_KNOBS
-    guards = [(4, 1.5), (2, 1.25), (8, 1.5), (8, 2.0), (16, 2.0), (1000, 1000.0)]
+    guards = [(8, 1.5), (4, 1.5), (2, 1.25), (8, 2.0), (16, 2.0), (1000, 1000.0)]  # the default first
     print(f"virtual time; {real.REPLICAS} sims ({PARAMS.max_num_seqs} seqs, {PARAMS.num_gpu_blocks} blocks of "
           f"{PARAMS.block_size}, {PARAMS.prefill_time_per_token * 1000:g} ms a prefill token); "
           f"{args.seconds:g} s of arrivals a phase; keeping up = no failure and TTFT p90 <= {args.slo:g} s")
@@ -277,7 +277,7 @@ def main() -> int:
                 print(row("  cache-aware, memories not shared",
                           simulate(measured, warm, CACHE_AWARE, default, gateways=args.gateways, share=False)))
             for abs_, rel in guards if kind != "unique" else guards[:1]:
-                for prefill_weight in (1.0, 0.0):
+                for prefill_weight in (1.0, 0.0):  # the cost of step 3, llm-d's sum
                     knobs = scoring.Knobs(balance_abs=abs_, balance_rel=rel, prefill_weight=prefill_weight)
                     label = (f"  cache-aware guard {abs_}/{rel:g}"
                              + (" llm-d sum" if prefill_weight == 0 else " backlog cost"))
