@@ -1,6 +1,6 @@
 """Routing policies side by side on simulated engines that model a KV cache.
 
-    make bench-routing      (or: python bench/routing.py [--seconds 15] [--policies ...] [--gateways 2])
+    make bench-routing      (or: python bench/routing.py [--quick] [--seconds 12] [--policies ...] [--gateways 2])
 
 One machine: a real control plane (PostgreSQL, Redis, agent API, Celery),
 one simulated node with 8 GPUs whose real agent runs 8 sim engines of one
@@ -18,11 +18,13 @@ what a shared 2-core machine can drive. Workloads, modelled on llm-d's:
 - ``unique``: the same arrival process, prompts of 200-600 words shared by nobody;
 - ``hot``: as ``shared``, but one group's prefix takes half of all requests.
 
-Arrivals are Poisson at 80 % of the cluster's capacity for the workload as an
-ideal router would serve it (each prefix prefilled once, then hits: capacity
-= replicas / (question words x prefill time)); every policy gets the same
-arrival times (a seed) and its own prefix texts (so no policy inherits
-another's cache). The group workloads start with one request per group
+First, per workload, a capacity ramp: steps of ``--ramp-seconds`` of Poisson
+arrivals under least-outstanding, x1.5 while it keeps up (no failed request,
+TTFT p90 <= ``--slo``), then one step between the last rate it kept up with
+and the first it did not; its capacity is the highest rate it kept up with.
+Then each policy in turn at 80 % of that rate (``--load``): every policy
+gets the same arrival times (a seed) and its own prefix texts (so no policy
+inherits another's cache). The group workloads start with one request per group
 (unmeasured: the cold prefill every policy pays once). Each request streams
 16 tokens; it fails on an error or after ``--timeout`` seconds.
 
@@ -30,7 +32,9 @@ Printed per workload and policy: TTFT p50/p90 of the answered requests,
 output tokens/s over the phase, the engines' prefix-cache hit rate (their
 own counters), failed requests, the gateway processes' CPU per request,
 and each engine's time-averaged queue (requests waiting) and load (running +
-waiting), sampled every 0.5 s. Every process it starts, it stops.
+waiting), sampled every 0.5 s. With ``--gateways 2`` cache-aware runs once
+more with requests alternating between two web processes (which share their
+prefix memory through Redis). Every process it starts, it stops.
 """
 
 from __future__ import annotations
@@ -94,9 +98,12 @@ class Request:
 
 
 def workload(kind: str, *, rate: float, seconds: float, arrivals_seed: int, text_seed: int) -> tuple[list[Request], list[Request]]:
-    """(warm-up requests, measured requests)."""
+    """(warm-up requests, measured requests). The groups' prefixes follow
+    ``text_seed`` alone (a ramp's steps share them), the questions both seeds
+    (no step or policy meets another's question in a cache)."""
     arrivals = random.Random(arrivals_seed)
     rng = random.Random(text_seed)
+    questions = random.Random(f"{text_seed}/{arrivals_seed}")
     cache_words = BLOCKS * BLOCK_SIZE
     groups: list[str] = []
     if kind != "unique":
@@ -112,7 +119,7 @@ def workload(kind: str, *, rate: float, seconds: float, arrivals_seed: int, text
         times.append(t)
     measured = []
     for at in times:
-        question = words(rng, arrivals.randint(*QUESTION_WORDS))
+        question = words(questions, arrivals.randint(*QUESTION_WORDS))
         pick = arrivals.random()
         if kind == "unique":
             measured.append(Request(at, f"u{arrivals.randrange(10**9)}", "", question))
@@ -122,14 +129,15 @@ def workload(kind: str, *, rate: float, seconds: float, arrivals_seed: int, text
         else:
             group = arrivals.randrange(len(groups))
         measured.append(Request(at, f"g{group}-u{arrivals.randrange(USERS_PER_GROUP)}", groups[group], question))
-    warm = [Request(0.0, f"g{g}-u0", prefix, words(rng, 20)) for g, prefix in enumerate(groups)]
+    warm = [Request(0.0, f"g{g}-u0", prefix, words(questions, 20)) for g, prefix in enumerate(groups)]
     return warm, measured
 
 
-def capacity(kind: str) -> float:
-    """Requests/s the cluster serves with an ideal router (prefill-bound: one lane per engine)."""
-    question = sum(QUESTION_WORDS) / 2
-    return REPLICAS / (question * PREFILL_PER_TOKEN)
+def miss_capacity(kind: str) -> float:
+    """Requests/s the cluster would serve if every prompt were prefilled whole
+    (one prefill lane per engine): where the capacity ramp starts looking."""
+    words_per_request = sum(QUESTION_WORDS) / 2 + (0 if kind == "unique" else sum(PREFIX_WORDS) / 2)
+    return REPLICAS / (words_per_request * PREFILL_PER_TOKEN)
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -286,11 +294,54 @@ async def run_phase(gateways: list[str], cpu, engines: dict[int, str], kind: str
     return phase
 
 
+@dataclass
+class Step:
+    rate: float
+    phase: Phase
+    ok: bool
+
+
+def ramp(gateways: list[str], cpu, engines: dict[int, str], kind: str, policy: str, *, start: float,
+         seconds: float, timeout: float, slo: float, text_seed: int, arrivals_seed: int,
+         max_steps: int) -> tuple[float | None, list[Step]]:
+    """The highest arrival rate at which ``policy`` keeps up on ``kind``: no
+    request fails and the TTFT p90 stays under ``slo``. Steps of ``seconds``
+    of Poisson arrivals, x1.5 from ``start`` while it keeps up (/1.5 while it
+    does not), then one step halfway (geometrically) between the last rate it
+    kept up with and the first it did not. The groups' prefixes are the same
+    in every step (warmed once, before the first): the cache carries over."""
+    steps: list[Step] = []
+    good: float | None = None
+    bad: float | None = None
+    rate = start
+    while len(steps) < max_steps:
+        warm, measured = workload(kind, rate=rate, seconds=seconds, arrivals_seed=arrivals_seed + len(steps),
+                                  text_seed=text_seed)
+        phase = asyncio.run(run_phase(gateways, cpu, engines, kind, policy, [] if steps else warm, measured,
+                                      timeout))
+        p90 = phase.ttft(90)
+        ok = phase.failed == 0 and p90 is not None and p90 <= slo
+        steps.append(Step(rate, phase, ok))
+        print(f"  ramp {kind} / {policy}: {rate:6.2f}/s {len(measured):4d} reqs TTFT p90 {_ms(p90):>7} ms "
+              f"failed {phase.failed:3d} -> {'keeps up' if ok else 'does not'}", flush=True)
+        if ok:
+            good = rate if good is None else max(good, rate)
+        else:
+            bad = rate if bad is None else min(bad, rate)
+        if good is not None and bad is not None:
+            if bad / good <= 1.25:
+                break
+            rate = (good * bad) ** 0.5
+        else:
+            rate = rate * 1.5 if ok else rate / 1.5
+    return good, steps
+
+
 def _ms(value: float | None) -> str:
     return "failed" if value is None else f"{value * 1000:.0f}"
 
 
-def report(phases: list[Phase], timeout: float) -> None:
+def report(phases: list[Phase], timeout: float, capacities: dict | None = None) -> None:
     header = (f"{'workload':<8} {'policy':<18} {'reqs':>5} {'TTFT p50 ms':>11} {'TTFT p90 ms':>11} {'out tok/s':>9} "
               f"{'hit rate':>8} {'failed':>6} {'gw CPU ms/req':>13} {'queue max/avg':>13}")
     print(header + "   (TTFT: 'failed' when that percentile falls among failed requests)")
@@ -313,10 +364,10 @@ def report(phases: list[Phase], timeout: float) -> None:
                          for r in sorted(p.queue) if p.queue[r])
         print(f"  {p.workload:<8} {p.policy:<18} {cells}")
     print()
-    goals(phases, timeout)
+    goals(phases, timeout, capacities or {})
 
 
-def goals(phases: list[Phase], b_timeout: float = 15.0) -> None:
+def goals(phases: list[Phase], b_timeout: float = 15.0, capacities: dict | None = None) -> None:
     by = {(p.workload, p.policy): p for p in phases}
     lo, ca = "least-outstanding", "cache-aware"
     if ("shared", lo) in by and ("shared", ca) in by:
@@ -332,7 +383,15 @@ def goals(phases: list[Phase], b_timeout: float = 15.0) -> None:
             print(f"goal shared: NOT met: cache-aware's TTFT p90 falls among its {b.failed} failed requests")
         if a.tokens_per_second:
             ratio = b.tokens_per_second / a.tokens_per_second
-            print(f"goal shared: cache-aware throughput >= 1.5x: {ratio:.2f}x ({'met' if ratio >= 1.5 else 'NOT met'})")
+            print(f"goal shared: cache-aware throughput >= 1.5x: {ratio:.2f}x at the same arrivals "
+                  f"({'met' if ratio >= 1.5 else 'NOT met'}; where least-outstanding keeps up, both serve what "
+                  f"arrives: the capacities below compare what each can serve)")
+    capacities = capacities or {}
+    for kind in ("shared", "hot", "unique"):
+        a, b = capacities.get((kind, lo)), capacities.get((kind, ca))
+        if a and b:
+            print(f"capacity {kind}: cache-aware keeps up with {b:.2f}/s, least-outstanding {a:.2f}/s: {b / a:.2f}x"
+                  f"{' (goal >= 1.5x: ' + ('met' if b / a >= 1.5 else 'NOT met') + ')' if kind == 'shared' else ''}")
     if ("unique", lo) in by and ("unique", ca) in by:
         a, b = by[("unique", lo)], by[("unique", ca)]
         tput = b.tokens_per_second / a.tokens_per_second if a.tokens_per_second else 0
@@ -344,6 +403,13 @@ def goals(phases: list[Phase], b_timeout: float = 15.0) -> None:
             met = tput >= 0.95 and b.ttft(90) is not None
         print(f"goal unique: cache-aware within 5 % of least-outstanding: throughput {tput:.3f}x, TTFT p90 {p90} "
               f"({'met' if met else 'NOT met'})")
+    for kind in ("shared", "hot"):
+        one, two = by.get((kind, ca)), next((p for (k, name), p in by.items() if k == kind and name.startswith(ca + " x")),
+                                            None)
+        if one and two and one.queries and two.queries:
+            print(f"two gateway processes, {kind}: cache-aware hit rate {two.hits / two.queries * 100:.0f} % against "
+                  f"{one.hits / one.queries * 100:.0f} % through one; TTFT p90 {_ms(two.ttft(90))} against "
+                  f"{_ms(one.ttft(90))} ms")
     if ("hot", ca) in by:
         p = by[("hot", ca)]
         means = [statistics.fmean(v) for v in p.queue.values() if v]
@@ -358,18 +424,34 @@ def goals(phases: list[Phase], b_timeout: float = 15.0) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=15.0, help="arrivals per phase (default 15 s)")
+    parser.add_argument("--seconds", type=float, default=12.0, help="arrivals per phase (default 12 s)")
     parser.add_argument("--timeout", type=float, default=15.0, help="a request fails after this (default 15 s)")
-    parser.add_argument("--load", type=float, default=LOAD, help="arrival rate / ideal capacity (default 0.8)")
+    parser.add_argument("--load", type=float, default=LOAD,
+                        help="arrival rate / the capacity the ramp measured (default 0.8)")
+    parser.add_argument("--ramp-seconds", type=float, default=8.0, help="arrivals per ramp step (default 8 s)")
+    parser.add_argument("--ramp-steps", type=int, default=5, help="most steps per ramp (default 5)")
+    parser.add_argument("--slo", type=float, default=4.0,
+                        help="a ramp step keeps up when nothing fails and TTFT p90 <= this (default 4 s)")
+    parser.add_argument("--ramp-policies", default="least-outstanding",
+                        help="policies whose capacity is ramped; the first sets the measured rate "
+                             "(default least-outstanding; add cache-aware to compare capacities)")
+    parser.add_argument("--rate", default="",
+                        help="skip the ramp: workload=rate/s pairs, e.g. shared=3,unique=20,hot=3")
+    parser.add_argument("--quick", action="store_true",
+                        help="shorter phases and ramps (8 s / 5 s of arrivals, 10 s timeout, 4 steps): ~5 min")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workloads", default="shared,unique,hot")
-    parser.add_argument("--gateways", type=int, default=1, help="gateway web processes, requests alternating (default 1)")
+    parser.add_argument("--gateways", type=int, default=1,
+                        help="gateway web processes (default 1); with more, every phase goes through the first, and "
+                             "cache-aware is run again with requests alternating over all of them")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--node-addr", default="127.0.1.180", help="the simulated node's address")
     parser.add_argument("--seed", type=int, default=20)
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.timeout, args.ramp_seconds, args.ramp_steps = 8.0, 10.0, 5.0, 4
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-routing-"))
     os.environ.update({
@@ -418,22 +500,51 @@ def main() -> int:
 
         policies = args.policies.split(",")
         kinds = args.workloads.split(",")
+        fixed = {k: float(v) for k, v in (pair.split("=") for pair in args.rate.split(",") if pair)}
         print(f"{REPLICAS} sim replicas of {MODEL} ({' '.join(ENGINE_ARGS)}), {args.gateways} gateway process(es); "
-              f"{args.seconds:g} s of arrivals per phase, timeout {args.timeout:g} s", flush=True)
+              f"{args.seconds:g} s of arrivals per phase, timeout {args.timeout:g} s; ramp steps of "
+              f"{args.ramp_seconds:g} s, keeping up = no failure and TTFT p90 <= {args.slo:g} s", flush=True)
+        capacities: dict[tuple[str, str], float | None] = {}
+        run_started = time.monotonic()
         for n, kind in enumerate(kinds):
-            rate = args.load * capacity(kind)
-            for m, policy in enumerate(policies):
+            if kind in fixed:
+                rate = fixed[kind]
+                print(f"{kind}: {rate:.2f}/s as given (no ramp)", flush=True)
+            else:
+                for r, policy in enumerate(args.ramp_policies.split(",")):
+                    catalog_apply(entries=[{**entry, "routing": policy}])
+                    time.sleep(1.0)  # every gateway process reloads its table (0.2 s)
+                    capacities[(kind, policy)], _ = ramp(
+                        gateways[:1], cpu, engines, kind, policy, start=0.6 * miss_capacity(kind),
+                        seconds=args.ramp_seconds, timeout=args.timeout, slo=args.slo,
+                        text_seed=args.seed * 1000 + 500 + n * 10 + r, arrivals_seed=args.seed * 100 + n * 10,
+                        max_steps=args.ramp_steps)
+                first = capacities[(kind, args.ramp_policies.split(",")[0])]
+                if first is None:
+                    print(f"{kind}: the ramp found no rate that {args.ramp_policies.split(',')[0]} keeps up with; "
+                          f"skipped", flush=True)
+                    continue
+                rate = args.load * first
+            runs = [(policy, gateways[:1]) for policy in policies]
+            if len(gateways) > 1 and "cache-aware" in policies:
+                runs.append(("cache-aware", gateways))
+            for m, (policy, through) in enumerate(runs):
                 catalog_apply(entries=[{**entry, "routing": policy}])
                 time.sleep(1.0)  # every gateway process reloads its table (0.2 s)
                 warm, measured = workload(kind, rate=rate, seconds=args.seconds, arrivals_seed=args.seed + n,
                                           text_seed=args.seed * 1000 + n * 10 + m)
-                print(f"{kind} / {policy}: {len(warm)} prefix groups, {len(measured)} requests at {rate:.1f}/s",
+                label = policy if len(through) == 1 else f"{policy} x{len(through)}"
+                print(f"{kind} / {label}: {len(warm)} prefix groups, {len(measured)} requests at {rate:.2f}/s",
                       flush=True)
-                phases.append(asyncio.run(run_phase(gateways, cpu, engines, kind, policy, warm, measured,
+                phases.append(asyncio.run(run_phase(through, cpu, engines, kind, label, warm, measured,
                                                     args.timeout)))
         print()
-        print("The machine is shared with other work: figures are indicative; CPU is the gateway processes' own.")
-        report(phases, args.timeout)
+        print(f"Run took {time.monotonic() - run_started:.0f} s. The machine is shared with other work: figures are "
+              f"indicative; CPU is the gateway processes' own.")
+        if capacities:
+            print("capacity (highest rate kept up with, from the ramp): " + ", ".join(
+                f"{k} / {p}: {'none' if c is None else f'{c:.2f}/s'}" for (k, p), c in capacities.items()))
+        report(phases, args.timeout, capacities)
     finally:
         cluster.stop()
     return 0

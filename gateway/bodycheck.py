@@ -47,6 +47,7 @@ class Checked:
     body: bytes | None = None
     # The prompt's prefix blocks (gateway.prefix), for a model routed by cache only.
     blocks: tuple[int, ...] = ()
+    prompt_chars: int = 0  # the length of the text the blocks were cut from
     user: str | None = None  # the body's "user": a session key
     max_tokens: int | None = None  # what the body asks for at most (max_completion_tokens or max_tokens)
 
@@ -68,14 +69,16 @@ def check(raw: bytes, required: str, streams: bool, hashing: Hashing | None = No
     strip_usage = stream and ask_for_usage(body)
     model = body["model"]
     blocks: tuple[int, ...] = ()
+    chars = 0
     if hashing is not None and model in hashing.models:
         text = prompt_text(body)
         if text:
             blocks = prompt_blocks(text, hashing.block_chars, hashing.max_blocks)
+            chars = len(text)
     user = body.get("user")
     most = body.get("max_completion_tokens", body.get("max_tokens"))
     return Checked(model=model, stream=stream, strip_usage=strip_usage,
-                   body=encode(body) if strip_usage else None, blocks=blocks,
+                   body=encode(body) if strip_usage else None, blocks=blocks, prompt_chars=chars,
                    user=user if isinstance(user, str) and user else None,
                    max_tokens=most if type(most) is int else None)
 

@@ -46,7 +46,10 @@ class EngineReading:
     prefix_queries: float | None = None  # tokens, since the engine started
     prefix_hits: float | None = None
     cache_tokens: int | None = None  # num_gpu_blocks x block_size
+    # Prompt tokens waiting for prefill (llmgw:prefill_backlog_tokens; the sim publishes it, vLLM does not).
+    backlog: int | None = None
     own_at_read: int = 0  # the reading gateway's requests in flight there when it answered
+    sent_at_read: int = 0  # the reading gateway's prompt tokens sent there (Route.sent_tokens) when it answered
     at: float = 0.0  # wall clock
     stale_at: float = 0.0  # monotonic: routed on until then
     error: str = ""
@@ -77,12 +80,14 @@ def _label(labels: bytes, name: bytes) -> bytes | None:
 
 _SERIES = re.compile(
     rb"\n(vllm:(?:num_requests_running|num_requests_waiting|kv_cache_usage_perc|gpu_cache_usage_perc"
-    rb"|(?:gpu_)?prefix_cache_queries_total|(?:gpu_)?prefix_cache_hits_total|cache_config_info))"
+    rb"|(?:gpu_)?prefix_cache_queries_total|(?:gpu_)?prefix_cache_hits_total|cache_config_info)"
+    rb"|llmgw:prefill_backlog_tokens)"
     rb"(\{[^}\n]*\})? (\S+)")
 _KIND = {b"vllm:num_requests_running": "running", b"vllm:num_requests_waiting": "waiting",
          b"vllm:kv_cache_usage_perc": "kv", b"vllm:gpu_cache_usage_perc": "kv",
          b"vllm:prefix_cache_queries_total": "queries", b"vllm:gpu_prefix_cache_queries_total": "queries",
-         b"vllm:prefix_cache_hits_total": "hits", b"vllm:gpu_prefix_cache_hits_total": "hits"}
+         b"vllm:prefix_cache_hits_total": "hits", b"vllm:gpu_prefix_cache_hits_total": "hits",
+         b"llmgw:prefill_backlog_tokens": "backlog"}
 
 
 def parse(text: bytes) -> EngineReading:
@@ -108,12 +113,13 @@ def parse(text: bytes) -> EngineReading:
             sums[kind] = sums.get(kind, 0.0) + number
     if not sums:
         raise ValueError("no vllm:num_requests_* or cache series on the page")
-    running, waiting, kv = sums.get("running"), sums.get("waiting"), sums.get("kv")
+    running, waiting, kv, backlog = sums.get("running"), sums.get("waiting"), sums.get("kv"), sums.get("backlog")
     return EngineReading(
         running=int(running) if running is not None else None,
         waiting=int(waiting) if waiting is not None else None,
         kv_use=min(1.0, max(0.0, kv)) if kv is not None else None,
         prefix_queries=sums.get("queries"), prefix_hits=sums.get("hits"), cache_tokens=cache_tokens,
+        backlog=max(0, int(backlog)) if backlog is not None else None,
     )
 
 
@@ -148,6 +154,7 @@ class EngineScraper:
             for route, reading in zip(batch, results):
                 reading.stale_at = time.monotonic() + stale_after
                 reading.own_at_read = route.inflight
+                reading.sent_at_read = route.sent_tokens
                 route.engine = reading
                 readings[route.replica_id] = reading
                 LATEST[route.replica_id] = reading

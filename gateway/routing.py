@@ -30,7 +30,8 @@ EJECT_SECONDS = 5.0
 class Route:
     """One ready replica's leader, with this process's requests in flight on it."""
 
-    __slots__ = ("replica_id", "model", "base_url", "label", "_inflight", "down_until", "_urls", "engine")
+    __slots__ = ("replica_id", "model", "base_url", "label", "_inflight", "down_until", "_urls", "engine",
+                 "sent_tokens")
 
     def __init__(self, replica_id: int, model: str, base_url: str) -> None:
         self.replica_id = replica_id
@@ -42,6 +43,8 @@ class Route:
         self._urls: dict[str, URL] = {}
         # The engine's last /metrics reading (gateway.engineload.EngineReading), None until read.
         self.engine = None
+        # Prompt tokens (estimated, uncached) this process sent here by cache-aware decisions, ever.
+        self.sent_tokens = 0
 
     @property
     def inflight(self) -> int:
@@ -85,6 +88,7 @@ class Hints:
 
     blocks: tuple[int, ...] = ()
     session: int | None = None
+    chars: int = 0  # the length of the prompt text the blocks were cut from
 
 
 NO_HINTS = Hints()
@@ -111,6 +115,8 @@ class RoutingTable:
         self.catalog: dict[str, int] = {}
         self.by_model: dict[str, list[Route]] = {}
         self.keys: dict[str, Key] = {}
+        # Where recorded prefixes go for the other gateway processes (gateway.prefixshare.PrefixShare), if anywhere.
+        self.share = None
         # Every route this process knows, including ones that left the table
         # while requests were still in flight on them.
         self.routes: dict[int, Route] = {}
@@ -174,7 +180,8 @@ class RoutingTable:
                 self._remember(model, route, hints.blocks)
             return route
         policy = self.policies.get(model)
-        if policy == CACHE_AWARE:
+        if policy == CACHE_AWARE and hints.blocks:
+            # (A prompt shorter than one block has no prefix to find: least-outstanding, ties at random.)
             return self._pick_scored(model, routes, exclude, hints, cache=True)
         if policy == SESSION and hints.session is not None:
             return self._pick_scored(model, routes, exclude, hints, cache=False)
@@ -189,16 +196,38 @@ class RoutingTable:
                 return None
         memory = self.memories.get(model) if cache else None
         matches = memory.matches(hints.blocks, [r.replica_id for r in routes]) if memory and hints.blocks else {}
+        if cache and not matches:
+            # No replica holds any of it: this process's fewest in flight (with several
+            # gateway processes, the engines' second-old counts made them all pick the
+            # same replica: TTFT p90 1.5x least-outstanding's, in bench/routing_sim.py),
+            # then the smallest memory (SGLang sends a miss to its smallest tree: new
+            # prefixes spread evenly over the caches; at random, some replicas got twice
+            # their share and thrashed), then at random.
+            route = self._least_outstanding(routes, None, memory)
+            route.sent_tokens += int(hints.chars / self.chars_per_token)
+            self._remember(model, route, hints.blocks)
+            count = (model, "load")
+            self.decisions[count] = self.decisions.get(count, 0) + 1
+            return route
         candidates = []
+        chars_per_token = self.chars_per_token
         for route in routes:
             reading = route.engine
+            matched = matches.get(route.replica_id, 0)
+            backlog = None
+            cache_tokens = self.cache_tokens
             if reading is not None and reading.fresh:
                 running, waiting, kv, own = reading.running, reading.waiting, reading.kv_use, reading.own_at_read
+                if reading.backlog is not None:
+                    backlog = reading.backlog + max(0, route.sent_tokens - reading.sent_at_read)
+                cache_tokens = reading.cache_tokens or cache_tokens
             else:
                 running = waiting = kv = None
                 own = 0
+            uncached = max(0, hints.chars - matched * self.block_chars) / chars_per_token if cache else 0.0
             candidates.append(scoring.Candidate(route.replica_id, route._inflight, running, waiting, kv,
-                                                matches.get(route.replica_id, 0), route.down_until > now, own))
+                                                matched, route.down_until > now, own, backlog, uncached,
+                                                cache_tokens, memory.size(route.replica_id) if memory else 0))
         if cache:
             index, reason = scoring.cache_aware(candidates, len(hints.blocks), self.knobs)
         else:
@@ -206,6 +235,7 @@ class RoutingTable:
                                             last=self.sessions.get((model, hints.session)))
         route = routes[index]
         if cache:
+            route.sent_tokens += int(candidates[index].uncached)
             if hints.blocks:
                 self._remember(model, route, hints.blocks)
         else:
@@ -230,19 +260,47 @@ class RoutingTable:
         memory = self.memories.get(model)
         if memory is None:
             memory = self.memories[model] = PrefixMemory()
+        capacity = self._capacity(route)
+        memory.record(route.replica_id, blocks, capacity)
+        if self.share is not None:
+            self.share.note(model, route.replica_id, blocks, capacity)
+
+    def _capacity(self, route: Route) -> int:
+        """The replica's cache in blocks of the prefix memory."""
         reading = route.engine
         tokens = reading.cache_tokens if reading is not None and reading.cache_tokens else self.cache_tokens
-        memory.record(route.replica_id, blocks, int(tokens * self.chars_per_token) // self.block_chars)
+        return int(tokens * self.chars_per_token) // self.block_chars
 
-    def _least_outstanding(self, routes: list[Route], exclude: Route | None) -> Route | None:
-        """The fewest requests in flight (ties broken at random)."""
+    def shared_wanted(self) -> list[tuple[str, int]]:
+        """The (model, replica) pairs whose shared prefix memory this process reads back."""
+        return [(model, route.replica_id) for model, routes in self.by_model.items()
+                if self.policies.get(model) == CACHE_AWARE and len(routes) > 1 for route in routes]
+
+    def apply_shared(self, found: list[tuple[str, int, tuple[int, ...]]]) -> int:
+        """Touch what other processes sent (blocks oldest first) in this process's memory; the blocks touched."""
+        touched = 0
+        for model, replica_id, blocks in found:
+            route = self.routes.get(replica_id)
+            if route is None or route.model != model or self.policies.get(model) != CACHE_AWARE:
+                continue
+            memory = self.memories.get(model)
+            if memory is None:
+                memory = self.memories[model] = PrefixMemory()
+            memory.record(replica_id, blocks[::-1], self._capacity(route))  # record touches its last first
+            touched += len(blocks)
+        return touched
+
+    def _least_outstanding(self, routes: list[Route], exclude: Route | None,
+                           memory: PrefixMemory | None = None) -> Route | None:
+        """The fewest requests in flight, then (with a memory) the fewest
+        prefix blocks remembered there, ties broken at random."""
         now = time.monotonic()
         best: list[Route] = []
         best_score = None
         for route in routes:
             if route is exclude:
                 continue
-            score = (route.down_until > now, route.inflight)
+            score = (route.down_until > now, route.inflight, memory.size(route.replica_id) if memory else 0)
             if best_score is None or score < best_score:
                 best, best_score = [route], score
             elif score == best_score:

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
+import redis
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -33,6 +34,7 @@ from .engineload import REDIS_KEY as ENGINE_READINGS_KEY, EngineScraper
 from .metrics import GatewayMetrics
 from .hold import Holds, RedisPlaces
 from .limits import LocalLimiter, RedisLimiter
+from .prefixshare import PrefixShare
 from .load_report import LoadReport
 from .routing import CACHE_AWARE, Key, RoutingTable, key_of
 from .queue import GatewayQueue, QueueSettings
@@ -66,7 +68,8 @@ class Gateway:
         self.table = RoutingTable(
             Knobs(prefix_weight=settings.LLMGW_ROUTING_PREFIX_WEIGHT, queue_weight=settings.LLMGW_ROUTING_QUEUE_WEIGHT,
                   kv_weight=settings.LLMGW_ROUTING_KV_WEIGHT, balance_abs=settings.LLMGW_ROUTING_BALANCE_ABS,
-                  balance_rel=settings.LLMGW_ROUTING_BALANCE_REL),
+                  balance_rel=settings.LLMGW_ROUTING_BALANCE_REL, prefill_weight=settings.LLMGW_ROUTING_PREFILL_WEIGHT,
+                  decode_weight=settings.LLMGW_ROUTING_DECODE_WEIGHT),
             block_chars=settings.LLMGW_ROUTING_BLOCK_CHARS, chars_per_token=settings.LLMGW_ROUTING_CHARS_PER_TOKEN,
             cache_tokens=settings.LLMGW_ROUTING_CACHE_TOKENS,
         )
@@ -76,6 +79,14 @@ class Gateway:
                                      per_second=settings.LLMGW_GATEWAY_ENGINE_SCRAPES_PER_SECOND,
                                      timeout=min(2.0, settings.LLMGW_GATEWAY_CONNECT_TIMEOUT))
         self._scrape_task: asyncio.Task | None = None
+        # The cache-aware prefix memory shared with the other web processes (Redis only).
+        self.share: PrefixShare | None = None
+        if settings.LLMGW_REDIS_URL and settings.LLMGW_ROUTING_SHARE_INTERVAL > 0:
+            self.share = PrefixShare(redis.Redis.from_url(settings.LLMGW_REDIS_URL, socket_timeout=2,
+                                                          socket_connect_timeout=2))
+            self.table.share = self.share
+        self._share_task: asyncio.Task | None = None
+        self._share_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-prefix-share")
         # Autoscaling: requests held for a model that is starting, and this process's load per model.
         self.holds = Holds(RedisPlaces(settings.LLMGW_REDIS_URL, self.name) if settings.LLMGW_REDIS_URL else None)
         self.load = LoadReport()
@@ -146,6 +157,8 @@ class Gateway:
         self._task = loop.create_task(self._sync_forever(), name="gateway-sync")
         if self.scraper.interval > 0:
             self._scrape_task = loop.create_task(self._scrape_forever(), name="gateway-engine-metrics")
+        if self.share is not None:
+            self._share_task = loop.create_task(self._share_forever(), name="gateway-prefix-share")
         self.started = True
         atexit.register(self._at_exit)
         # Everything loaded so far (Django, the apps, the table) lives as long
@@ -158,6 +171,13 @@ class Gateway:
                     len(self.table.catalog), len(self.table.routed_ids()), len(self.table.keys), self.open)
 
     async def stop(self) -> None:
+        if self._share_task is not None:
+            self._share_task.cancel()
+            try:
+                await self._share_task
+            except asyncio.CancelledError:
+                pass
+            self._share_task = None
         if self._scrape_task is not None:
             self._scrape_task.cancel()
             try:
@@ -392,6 +412,31 @@ class Gateway:
                     logger.warning("gateway engine metrics cycle failed (routing on own counts): %s", exc)
             period = self.scraper.period(len(self.table.routes))
             await asyncio.sleep(max(0.05, started + period - time.monotonic()))
+
+    async def _share_forever(self) -> None:
+        """Write this process's cache-aware placements and read the others' (gateway.prefixshare)."""
+        loop = asyncio.get_running_loop()
+        interval = settings.LLMGW_ROUTING_SHARE_INTERVAL
+        share = self.share
+        while True:
+            await asyncio.sleep(interval)
+            wanted = self.table.shared_wanted()
+            if not wanted and not share.outbox:
+                continue
+            try:
+                found = await loop.run_in_executor(self._share_thread, self._share_once, wanted)
+                self.table.apply_shared(found)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if now - self._last_sync_error > 10:
+                    self._last_sync_error = now
+                    logger.warning("gateway prefix share failed (routing on this process's memory): %s", exc)
+
+    def _share_once(self, wanted: list[tuple[str, int]]) -> list:
+        self.share.flush()
+        return self.share.read(wanted)
 
     @staticmethod
     def _publish_readings(readings: dict) -> None:

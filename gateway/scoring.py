@@ -7,11 +7,14 @@ the prompt's prefix blocks the gateway believes the replica holds, and
 whether it refused a connection lately. The policies:
 
 - ``least_outstanding``: the fewest requests in flight (today's).
-- ``cache_aware``: llm-d's weighted sum (prefix 3, queue 2, KV use 2) over
-  the replicas that are not overloaded, with SGLang's imbalance guard: a
-  replica whose load exceeds the least loaded one's by more than
-  ``balance_abs`` requests *and* by a factor ``balance_rel`` is not a
-  candidate for its cache. No prefix held anywhere: the least loaded.
+- ``cache_aware``: over the replicas that are not overloaded (SGLang's
+  imbalance guard: a replica whose load exceeds the least loaded one's by
+  more than ``balance_abs`` requests *and* by a factor ``balance_rel`` is
+  not a candidate for its cache), the lowest cost as Dynamo's KV router
+  weighs it when every candidate's engine reports its prefill backlog:
+  ``prefill_weight x (backlog + the prompt tokens it would prefill there) +
+  decode_weight x KV tokens in use``; else llm-d's weighted sum (prefix 3,
+  queue 2, KV use 2). No prefix held anywhere: the least loaded.
 - ``session``: rendezvous hashing of the session key over the replicas;
   the session's heaviest replica unless it is down or overloaded, then the
   next heaviest.
@@ -34,8 +37,14 @@ class Knobs:
     kv_weight: float = 2.0
     # A replica is overloaded when its load exceeds the least loaded one's by
     # more than balance_abs requests and by more than a factor balance_rel.
-    balance_abs: int = 4
+    balance_abs: int = 8
     balance_rel: float = 1.5
+    # Dynamo's cost (used when every candidate's prefill backlog is known;
+    # prefill_weight 0: never): its overlap_score_weight, 1 by default, on
+    # the prompt tokens a replica has to prefill, and a weight on the KV
+    # tokens its running requests hold.
+    prefill_weight: float = 1.0
+    decode_weight: float = 0.1
 
 
 DEFAULT_KNOBS = Knobs()
@@ -52,6 +61,16 @@ class Candidate:
     down: bool = False
     # This gateway's requests in flight there when the engine was read.
     own_at_read: int = 0
+    # Prompt tokens waiting for prefill there (the engine's reading plus what
+    # this gateway sent since), None when its engine does not say; the
+    # prompt tokens this request would prefill there; its cache in tokens.
+    backlog: int | None = None
+    uncached: float = 0.0
+    cache_tokens: int = 0
+    # Prefix blocks the gateway remembers there: among equally loaded
+    # replicas a new prefix goes where the memory is smallest (SGLang's
+    # router sends a miss to the smallest tree), not always to the lowest id.
+    remembered: int = 0
 
     @property
     def load(self) -> int:
@@ -76,9 +95,11 @@ def _usable(candidates: list[Candidate]) -> list[int]:
 
 
 def least_loaded(candidates: list[Candidate], among: list[int] | None = None) -> int:
-    """The index with the least load, then the least KV use, then the lowest replica id (deterministic)."""
+    """The index with the least load, then the least KV use, then the fewest
+    remembered blocks, then the lowest replica id (deterministic)."""
     among = _usable(candidates) if among is None else among
-    return min(among, key=lambda i: (candidates[i].load, candidates[i].kv_use or 0.0, candidates[i].replica_id))
+    return min(among, key=lambda i: (candidates[i].load, candidates[i].kv_use or 0.0, candidates[i].remembered,
+                                     candidates[i].replica_id))
 
 
 def cache_aware(candidates: list[Candidate], blocks: int, knobs: Knobs = DEFAULT_KNOBS) -> tuple[int, str]:
@@ -92,21 +113,31 @@ def cache_aware(candidates: list[Candidate], blocks: int, knobs: Knobs = DEFAULT
     best_match = max(candidates[i].matched for i in usable)
     if best_match == 0 or blocks <= 0:
         return least_loaded(candidates, usable), "load"
-    spread = most - least
-    best, best_score = fit[0], None
-    for i in fit:
-        c = candidates[i]
-        queue = 1.0 if spread == 0 else 1.0 - (c.load - least) / spread
-        kv = 1.0 - c.kv_use if c.kv_use is not None else 0.5
-        score = (knobs.prefix_weight * c.matched / blocks + knobs.queue_weight * queue + knobs.kv_weight * kv,
-                 -c.replica_id)
-        if best_score is None or score > best_score:
-            best, best_score = i, score
+    if knobs.prefill_weight > 0 and all(candidates[i].backlog is not None for i in fit):
+        best = min(fit, key=lambda i: (prefill_cost(candidates[i], knobs), candidates[i].load,
+                                       candidates[i].replica_id))
+    else:
+        spread = most - least
+        best, best_score = fit[0], None
+        for i in fit:
+            c = candidates[i]
+            queue = 1.0 if spread == 0 else 1.0 - (c.load - least) / spread
+            kv = 1.0 - c.kv_use if c.kv_use is not None else 0.5
+            score = (knobs.prefix_weight * c.matched / blocks + knobs.queue_weight * queue + knobs.kv_weight * kv,
+                     -c.replica_id)
+            if best_score is None or score > best_score:
+                best, best_score = i, score
     if candidates[best].matched == best_match:
         return best, "prefix"
     if any(candidates[i].matched == best_match for i in usable if i not in fit):
         return best, "guard"
     return best, "load"
+
+
+def prefill_cost(c: Candidate, knobs: Knobs) -> float:
+    """Dynamo's ``overlap weight x prefill blocks + decode blocks``, in tokens."""
+    decode = (c.kv_use or 0.0) * c.cache_tokens
+    return knobs.prefill_weight * ((c.backlog or 0) + c.uncached) + knobs.decode_weight * decode
 
 
 def session(candidates: list[Candidate], key: int, knobs: Knobs = DEFAULT_KNOBS,

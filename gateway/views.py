@@ -203,7 +203,7 @@ async def _proxy(request: HttpRequest, path: str, endpoint: str, required: str) 
     attempt = Attempt(gw, key, model, endpoint, started, ticket)
     hints = NO_HINTS
     if checked.blocks:
-        hints = Hints(blocks=checked.blocks)
+        hints = Hints(blocks=checked.blocks, chars=checked.prompt_chars)
     elif gw.table.policies.get(model) == SESSION:
         session = request.META.get("HTTP_X_SESSION_ID") or checked.user
         if session:

@@ -465,8 +465,11 @@ LLMGW_ROUTING_CACHE_TOKENS = env.int("LLMGW_ROUTING_CACHE_TOKENS", default=262_1
 LLMGW_ROUTING_PREFIX_WEIGHT = env.float("LLMGW_ROUTING_PREFIX_WEIGHT", default=3.0)
 LLMGW_ROUTING_QUEUE_WEIGHT = env.float("LLMGW_ROUTING_QUEUE_WEIGHT", default=2.0)
 LLMGW_ROUTING_KV_WEIGHT = env.float("LLMGW_ROUTING_KV_WEIGHT", default=2.0)
-LLMGW_ROUTING_BALANCE_ABS = env.int("LLMGW_ROUTING_BALANCE_ABS", default=4)
+LLMGW_ROUTING_BALANCE_ABS = env.int("LLMGW_ROUTING_BALANCE_ABS", default=8)
 LLMGW_ROUTING_BALANCE_REL = env.float("LLMGW_ROUTING_BALANCE_REL", default=1.5)
+LLMGW_ROUTING_PREFILL_WEIGHT = env.float("LLMGW_ROUTING_PREFILL_WEIGHT", default=1.0)
+LLMGW_ROUTING_DECODE_WEIGHT = env.float("LLMGW_ROUTING_DECODE_WEIGHT", default=0.1)
+LLMGW_ROUTING_SHARE_INTERVAL = env.float("LLMGW_ROUTING_SHARE_INTERVAL", default=0.25)
 # The web processes of one machine add up their /metrics figures through files
 # here (prometheus_client's multiprocess mode). prometheus_client takes the
 # directory from its environment variable when it is imported, hence the

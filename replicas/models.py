@@ -25,7 +25,7 @@ class CatalogEntry(models.Model):
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     # How the gateway spreads requests over the ready replicas (docs/gateway.md#routing-policies).
-    routing = models.CharField(max_length=32, choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
+    routing = models.CharField(max_length=32, choices=RoutingPolicy.choices, default=RoutingPolicy.CACHE_AWARE)
     # Why the shape can never fit the cluster as it is (empty when it can).
     never_fits_reason = models.TextField(blank=True)
     # Pruned from the catalog: its replicas stop, then the entry goes.

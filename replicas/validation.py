@@ -85,7 +85,7 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
     nodes = serializers.IntegerField(min_value=1, max_value=64, default=1)
     gpus_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1)
-    routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING)
+    routing = serializers.ChoiceField(choices=RoutingPolicy.choices, default=RoutingPolicy.CACHE_AWARE)
     # null (or absent): a fixed replica count; a mapping: the autoscaling policy.
     autoscale = PolicyFields(required=False, allow_null=True, default=None)
     # A rollout's pace (replicas.rollout_plan): replacements at once; replicas

@@ -11,6 +11,10 @@ core's index, always ``"0"`` here).
 
 - ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (gauges)
 - ``vllm:kv_cache_usage_perc`` (gauge, 0..1: blocks held by requests / all blocks)
+- ``llmgw:prefill_backlog_tokens`` (gauge, not a vLLM series: the prompt
+  tokens still to prefill, of admitted requests the prefill lane has not
+  finished and of waiting ones less what the cache holds for them; what
+  Dynamo's KV router calls a worker's prefill blocks, in tokens)
 - ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``
   (counters, in prompt tokens: queried, and found cached)
 - ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -77,7 +82,7 @@ class _EngineState:
         self.histograms = histograms
 
     def collect(self):
-        state = self.engine.snapshot()
+        state = self.engine.snapshot(time.monotonic())  # the clock the HTTP layer drives the engine with
         params = self.engine.params
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -93,6 +98,9 @@ class _EngineState:
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", state["running"])
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", state["waiting"])
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", state["kv_cache_usage"])
+        yield gauge("llmgw:prefill_backlog_tokens",
+                    "Prompt tokens waiting for prefill (admitted and queued requests, less what the cache holds).",
+                    state["prefill_backlog"])
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
                       state["prefix_queries"])
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",

@@ -256,9 +256,13 @@ class SimEngine:
     def decode_step(self) -> float:
         return self.params.decode_step(self.running)
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self, now: float | None = None) -> dict[str, float]:
+        """The counters and gauges; with ``now``, also ``prefill_backlog``:
+        the prompt tokens still to prefill, those of the admitted requests
+        the lane has not reached or finished and those of the waiting ones
+        (less what the cache would give them if they were admitted now)."""
         with self.lock:
-            return {
+            state = {
                 "running": self.running,
                 "waiting": len(self.waiting),
                 "kv_cache_usage": self.cache.usage(),
@@ -269,6 +273,21 @@ class SimEngine:
                 "finished": self.finished_total,
                 "evictions": self.cache.evictions,
             }
+            if now is not None:
+                state["prefill_backlog"] = self._prefill_backlog(now)
+            return state
+
+    def _prefill_backlog(self, now: float) -> int:
+        p = self.params
+        lane = 0
+        if p.prefill_time_per_token > 0:
+            lane = round(max(0.0, self.prefill_free_at - now) / p.prefill_time_per_token)
+        return lane + sum(t.prompt_tokens - len(self._hit(t)) * p.block_size for t in self.waiting)
+
+    def _hit(self, ticket: Ticket) -> list[bytes]:
+        """The ticket's leading prompt blocks the cache holds now (the last token is always computed)."""
+        reusable = ticket.hashes[:(ticket.prompt_tokens - 1) // self.params.block_size]
+        return reusable[:self.cache.hit_length(reusable)]
 
     # -- the scheduler ----------------------------------------------------------------
 
@@ -276,9 +295,7 @@ class SimEngine:
         p = self.params
         while self.waiting and self.running < p.max_num_seqs:
             ticket = self.waiting[0]
-            # The last token is always computed: a block holding it is never a hit.
-            reusable = ticket.hashes[:(ticket.prompt_tokens - 1) // p.block_size]
-            hit = reusable[:self.cache.hit_length(reusable)]
+            hit = self._hit(ticket)
             fresh = ticket.blocks - len(hit)
             if not self.cache.can_take(hit, fresh):
                 return  # first come, first served: nobody overtakes the head

@@ -277,3 +277,33 @@ def test_a_repeated_long_prefix_is_answered_from_cache_and_a_full_batch_queues(t
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_metrics_report_the_prefill_backlog_while_a_long_prompt_is_prefilled(tmp_path):
+    """llmgw:prefill_backlog_tokens: the prompt tokens still to prefill, read
+    while a 5,000-token prompt goes through a slow lane, and none after."""
+    http = free_port()
+    argv = [sys.executable, "-m", "agent.engines.sim", "--rank", "0", "--nnodes", "1", "--port", str(http),
+            "--model", "sim-model", "--prefill-time-per-token", "0.0005", "--prefill-overhead", "0"]
+    with open(tmp_path / "sim.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: healthy(http), 15, message="serving")
+        with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=30) as client:
+            assert _metrics(client)["llmgw:prefill_backlog_tokens"] == 0
+            from concurrent.futures import ThreadPoolExecutor
+
+            prompt = " ".join(f"w{i}" for i in range(5000))  # 2.5 s of prefill
+            with ThreadPoolExecutor(1) as pool:
+                future = pool.submit(client.post, "/v1/completions",
+                                     json={"model": "sim-model", "prompt": prompt, "max_tokens": 1})
+                seen = wait_until(lambda: (lambda m: m if m["vllm:num_requests_running"] == 1 else None)(
+                    _metrics(client)), 10, interval=0.02, message="the request running")
+                assert 0 < seen["llmgw:prefill_backlog_tokens"] <= 5000
+                later = _metrics(client)["llmgw:prefill_backlog_tokens"]
+                assert later < seen["llmgw:prefill_backlog_tokens"]  # the lane works it off
+                assert future.result().status_code == 200
+            assert _metrics(client)["llmgw:prefill_backlog_tokens"] == 0
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -66,6 +66,23 @@ def test_concurrent_prefills_take_turns_in_the_lane():
     assert c.first_token_at == pytest.approx(1.01)
 
 
+def test_prefill_backlog_is_the_lanes_unfinished_tokens_and_the_waiting_ones_less_their_hits():
+    e = engine(prefill_overhead=0.0, prefill_time_per_token=0.001, max_num_seqs=2)
+    assert e.snapshot(0.0)["prefill_backlog"] == 0
+    a = e.submit(words(200, "a"), 1, now=0.0)
+    e.submit(words(100, "b"), 1, now=0.0)
+    assert e.snapshot(0.0)["prefill_backlog"] == 300
+    assert e.snapshot(0.25)["prefill_backlog"] == 50  # a done, half of b
+    # Waiting (the batch is full): a prompt that starts with a's computed
+    # blocks counts only what the cache would not give it.
+    e.computed(a)
+    e.submit(words(200, "a") + words(20, "q"), 1, now=0.25)
+    e.submit(words(30, "c"), 1, now=0.25)
+    assert e.snapshot(0.25)["prefill_backlog"] == 50 + 20 + 30
+    assert e.snapshot(5.0)["prefill_backlog"] == 20 + 30
+    assert "prefill_backlog" not in e.snapshot()  # no clock, no backlog
+
+
 def test_requests_past_max_num_seqs_wait_first_come_first_served():
     e = engine(max_num_seqs=2, **FLAT)
     tickets = [e.submit(words(4, f"r{i}"), 1, now=float(i)) for i in range(5)]

@@ -5,6 +5,7 @@ session that stays on its replica while another replica's node is drained."""
 from __future__ import annotations
 
 import random
+import re
 import time
 
 import httpx
@@ -100,3 +101,33 @@ def test_session_stays_on_its_replica_while_another_replica_is_drained(sim_clust
             assert after[session] == home
         else:
             assert after[session] not in (None, str(other))
+
+
+def test_two_gateway_processes_share_where_each_prefix_went(sim_cluster, web_factory):
+    """Prefixes placed by one web process are routed to the same replicas by
+    another, which has never seen them: the prefix memory goes through Redis
+    (gateway.prefixshare), and the second process's requests hit the cache."""
+    first = _start(sim_cluster, web_factory, replicas=3, routing="cache-aware")
+    second = web_factory(LLMGW_GATEWAY_OPEN="1", LLMGW_ROUTING_CHARS_PER_TOKEN="6", **fast_env())
+    wait_until(lambda: _replica_of(second.url, "probe"), timeout=15, message="the second gateway to route")
+    rng = random.Random(7)
+    prefixes = [" ".join(f"p{n}w{rng.randrange(10**6)}" for _ in range(4000)) for n in range(3)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    # At once, so that the first process spreads them by load (one in flight on each replica).
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda p: _ask(first.url, system=p, question="first?"), prefixes))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    placed = [a.headers["x-llmgw-replica"] for a in answers]
+    assert len(set(placed)) >= 2, placed
+    time.sleep(1.5)  # a few share intervals (0.25 s)
+    for prefix, home in zip(prefixes, placed):
+        again = _ask(second.url, system=prefix, question="and from the other process?")
+        assert again.status_code == 200, again.text
+        assert again.headers["x-llmgw-replica"] == home
+        assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 3900
+    # The second process found each prefix in its memory (a prefix held nowhere counts as "load").
+    metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
+    found = re.search(rf'llmgw_gateway_routing_decisions_total{{model="{MODEL}",policy="cache-aware",'
+                      rf'reason="prefix"}} (\S+)', metrics)
+    assert found and float(found.group(1)) == 3, metrics[-2000:]

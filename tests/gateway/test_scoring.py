@@ -22,6 +22,9 @@ candidate = st.builds(
     kv_use=st.none() | st.floats(0, 1),
     matched=st.integers(0, 128),
     down=st.booleans(),
+    backlog=st.none() | st.integers(0, 100_000),
+    uncached=st.floats(0, 20_000),
+    cache_tokens=st.integers(0, 400_000),
 )
 candidates = st.lists(candidate, min_size=1, max_size=24, unique_by=lambda c: c.replica_id)
 
@@ -49,6 +52,43 @@ def test_cache_aware_without_any_prefix_is_least_loaded(cands, blocks):
     index, reason = scoring.cache_aware(cands, blocks, KNOBS)
     up = [c for c in cands if not c.down] or cands
     assert reason == "load" and cands[index].load == min(c.load for c in up)
+
+
+def test_with_backlogs_known_the_cheapest_prefill_wins_dynamo_style():
+    """The holder saves 4,000 tokens of prefill: it wins while its backlog is
+    less than 4,000 tokens above the others', and loses past that."""
+    def cands(holder_backlog: int) -> list[Candidate]:
+        return [Candidate(1, inflight=2, matched=40, backlog=holder_backlog, uncached=400, cache_tokens=24_000),
+                Candidate(2, inflight=0, backlog=0, uncached=4_400, cache_tokens=24_000),
+                Candidate(3, inflight=1, backlog=500, uncached=4_400, cache_tokens=24_000)]
+    assert scoring.cache_aware(cands(3_000), 44) == (0, "prefix")
+    index, reason = scoring.cache_aware(cands(5_000), 44)
+    assert (cands(5_000)[index].replica_id, reason) == (2, "load")
+    # KV tokens held count at decode_weight: 0.1 x 0.5 x 24,000 = 1,200 tokens of cost.
+    busy = cands(3_000)
+    busy[0].kv_use = 0.5
+    assert scoring.cache_aware(busy, 44) == (1, "load")
+    # One candidate's engine without a backlog: llm-d's weighted sum decides (the prefix).
+    unknown = cands(5_000)
+    unknown[2].backlog = None
+    assert scoring.cache_aware(unknown, 44) == (0, "prefix")
+    # prefill_weight 0: never the cost.
+    assert scoring.cache_aware(cands(5_000), 44, Knobs(prefill_weight=0)) == (0, "prefix")
+
+
+def test_table_counts_what_it_sent_since_the_reading_in_the_backlog():
+    from gateway.engineload import EngineReading
+
+    table = _table(CACHE_AWARE, 1, 2)
+    for route in table.routes.values():
+        route.engine = EngineReading(running=0, waiting=0, kv_use=0.0, backlog=0, stale_at=float("inf"))
+    hot = Hints(blocks=tuple(range(20)), chars=10_000)  # 1 char a block and a token: 20 tokens saved on a hit
+    sent = [table.pick("m", hints=hot).replica_id for _ in range(3)]
+    # Held nowhere: either (at random); then the holder's 10,000 tokens sent since
+    # the reading outweigh the 20 its cache saves; then both hold it, equally busy.
+    assert sent[0] != sent[1] and sent[2] == 1
+    assert sorted([table.routes[1].sent_tokens, table.routes[2].sent_tokens]) == [10_000, 10_000 + 9_980]
+    assert table.decisions == {("m", "load"): 2, ("m", "prefix"): 1}
 
 
 def test_hot_prefix_goes_elsewhere_once_its_holder_is_overloaded():
@@ -206,6 +246,8 @@ def test_engine_metrics_parse_vllm_names():
     assert (reading.running, reading.waiting, reading.kv_use, reading.hit_rate, reading.cache_tokens) == (
         3, 7, 0.25, 0.4, 32768)
     assert parse(b"vllm:gpu_cache_usage_perc 0.5\n").kv_use == 0.5
+    assert reading.backlog is None  # vLLM does not publish it
+    assert parse(page + b'llmgw:prefill_backlog_tokens{model_name="m",engine="0"} 1234.0\n').backlog == 1234
     try:
         parse(b"# nothing\nprocess_cpu_seconds_total 1\n")
     except ValueError:
@@ -261,4 +303,6 @@ def test_scraper_reads_engines_and_an_unreadable_one_is_routed_on_own_counts():
     assert (busy.running, busy.waiting, busy.kv_use, busy.fresh) == (2, 30, 0.9, True)
     assert unread.error and not unread.fresh
     table.routes[2].inflight = 3  # its own count: fewer than the 32 the busy engine says it holds
+    for route in table.routes.values():  # both hold the prompt: load decides
+        table._remember("m", route, (1, 2, 3))
     assert table.pick("m", hints=Hints(blocks=(1, 2, 3))).replica_id == 2

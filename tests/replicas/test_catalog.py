@@ -73,13 +73,13 @@ def test_routing_policy_is_a_catalog_field_that_reaches_the_gateway_snapshot():
     from gateway.selectors import routing_snapshot
 
     catalog_apply(entries=[ENTRY])
-    assert CatalogEntry.objects.get(name="llama-70b").routing == "least-outstanding"  # the default
-    assert catalog_apply(entries=[dict(ENTRY, routing="cache-aware")])["updated"] == ["llama-70b"]
-    assert routing_snapshot().policies == {"llama-70b": "cache-aware"}
+    assert CatalogEntry.objects.get(name="llama-70b").routing == "cache-aware"  # the default
+    assert catalog_apply(entries=[dict(ENTRY, routing="session")])["updated"] == ["llama-70b"]
+    assert routing_snapshot().policies == {"llama-70b": "session"}
     with pytest.raises(CatalogInvalid) as refused:
         catalog_apply(entries=[dict(ENTRY, routing="fastest")])
     assert "routing" in str(refused.value) and "fastest" in str(refused.value)
-    assert CatalogEntry.objects.get(name="llama-70b").routing == "cache-aware"  # nothing changed
+    assert CatalogEntry.objects.get(name="llama-70b").routing == "session"  # nothing changed
 
 
 SIM = {"name": "sim-8b", "engine": "sim", "model": "/models/sim-8b", "nodes": 1, "gpus_per_node": 1, "replicas": 1}
