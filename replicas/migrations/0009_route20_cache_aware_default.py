@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     Entries already there keep the policy they have."""
 
     dependencies = [
-        ('replicas', '0007_tenancy24_timeouts'),
+        ('replicas', '0008_roll26_rollout_weights'),
     ]
 
     operations = [
