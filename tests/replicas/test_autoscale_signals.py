@@ -16,8 +16,8 @@ class _Engine:
         self.state = {"running": running, "waiting": waiting, "kv_cache_usage": kv, "prefix_queries": 0,
                       "prefix_hits": 0, "prompt_tokens": 0, "generation_tokens": 0, "finished": 0}
 
-    def snapshot(self) -> dict:
-        return self.state
+    def snapshot(self, now: float | None = None) -> dict:
+        return self.state if now is None else {**self.state, "prefill_backlog": 0}
 
 
 def test_the_sim_engines_metrics_are_read_by_their_vllm_names():
