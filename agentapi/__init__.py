@@ -4,6 +4,7 @@
     worker.py    the worker: TLS handshakes in the main loop, under a deadline
     peers.py     after the handshake: revoked certificates, connections per certificate
     intake.py    requests read whole in the main loop, under a deadline; closes that linger there
+    quick.py     heartbeats that bring no news, and pings, answered in the main loop
     framing.py   where a request ends in the bytes received so far
     pool.py      the threads that answer requests
     response.py  an HTTP response written in one send

@@ -5,7 +5,8 @@ client takes to send it: one byte every few seconds holds it for good, and a
 few dozen such connections (with any certificate the authority signed) starve
 every node's heartbeats. Here the event loop reads what a connection has,
 non-blocking, into a buffer, until the request is whole (``framing.py``), and
-only then hands the connection to a thread, with the bytes already in its
+then answers it itself if it is a heartbeat that brings no news or a ping
+(``quick.py``), or else hands the connection to a thread, with the bytes already in its
 parser's buffer; the parser reads from that buffer alone and never from the
 socket (``VerifiedConn.init``).
 
@@ -102,6 +103,10 @@ class Intake:
             self._wait(conn, deadline)
             return
         self._stop_waiting(conn)
+        if end == len(buf) and self.worker.answer_quickly(conn, bytes(buf)):
+            buf.clear()
+            conn.framing.reset()
+            return
         conn.buffered_parser().unreader.unread(bytes(buf))
         buf.clear()
         conn.framing.reset()

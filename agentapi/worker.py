@@ -52,6 +52,7 @@ from .framing import Framing
 from .intake import Intake
 from .peers import PeerGate, keep_fresh
 from .pool import ConnectionPool
+from .quick import answer, quick_lane_allowed
 from .response import OneWriteResponse
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class VerifiedConn(TConn):
         self.peer: PeerIdentity | None = None
         self.peers: PeerGate | None = None
         self.linger: Callable[[VerifiedConn], None] | None = None
+        self.unsent = b""  # a quick answer a non-blocking send could not take
 
     def name(self) -> str:
         if self.peer is None:
@@ -132,6 +134,7 @@ class AgentApiWorker(ThreadWorker):
         self.peers: PeerGate | None = None
         self._context: ssl.SSLContext | None = None
         self._notified_at = float("-inf")
+        self.quick = False
 
     # --- set-up ---------------------------------------------------------------
 
@@ -172,6 +175,7 @@ class AgentApiWorker(ThreadWorker):
             name="revocations", daemon=True,
         ).start()
         self.ssl_context()
+        self.quick = quick_lane_allowed(self.cfg)
         liveness.store().serve_heartbeats()
         threading.Thread(target=_listener_alive_loop, name="listener-alive", daemon=True).start()
         # Django, the URLconf and the ORM are loaded for good: keep the
@@ -188,6 +192,53 @@ class AgentApiWorker(ThreadWorker):
         handshake, kept alive, or with bytes left over) is read here first;
         ``intake`` hands it on once its request is whole."""
         self.intake.read(conn)
+
+    def answer_quickly(self, conn: VerifiedConn, data: bytes) -> bool:
+        """In the main loop: answer a whole request from here (``quick.py``)
+        and wait for the connection's next one, as a pool thread would.
+        False, having done nothing, when the request goes the whole way."""
+        if (not self.quick or not self.alive or self.nr + 1 >= self.max_requests
+                or len(self.keepalived_conns) >= self.max_keepalived):
+            return False  # the whole way closes, or restarts the worker, as gthread does
+        try:
+            response = answer(conn.peer, data)
+        except Exception:  # noqa: BLE001 - a bug here must not cost the agent its answer
+            self.log.exception("agent-api quick answer failed; answering the whole way")
+            return False
+        if response is None:
+            return False
+        self.nr += 1
+        try:
+            conn.sock.send(response)  # non-blocking: one TLS record, whole or not at all
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            # The client is not reading: a pool thread sends it, under the request deadline.
+            conn.unsent = response
+            conn.data_ready = True
+            self.tpool.put(conn)
+            return True
+        except OSError as exc:
+            self.log.debug("agent-api quick answer to %s not sent: %s", conn.name(), exc)
+            self.nr_conns -= 1
+            conn.close()
+            return True
+        conn.set_timeout()
+        self.keepalived_conns.append(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn))
+        return True
+
+    def handle(self, conn):
+        unsent = conn.unsent
+        if not unsent:
+            return super().handle(conn)
+        conn.unsent = b""
+        conn.buffered_parser()  # what finish_request and keep_alive_here look at
+        try:
+            conn.sock.setblocking(True)  # a TimedSSLSocket: a write times out
+            conn.sock.sendall(unsent)
+        except OSError as exc:
+            self.log.debug("agent-api quick answer to %s not sent: %s", conn.name(), exc)
+            return False
+        return True
 
     def keep_alive_here(self, conn) -> bool:
         """In the pool thread that answered: wait for the connection's next

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,11 @@ class _Known:
 
 
 _known: dict[str, _Known] = {}
+# The last heartbeat body (bytes) each node's cached state was last matched
+# with, and that state: a byte-identical body has the same hashes.
+_matched: dict[str, tuple[bytes, _Known]] = {}
+# The encoded reply of each cached state (the agent API's quick lane).
+_encoded: dict[str, tuple[_Known, bytes]] = {}
 
 
 def _digest(value: Any) -> str:
@@ -93,6 +99,46 @@ def weights_hash(payload: dict[str, Any]) -> str:
         return _digest([int(100 * report["free_bytes"] / budget), report["downloads"] > 0, models])
     except (TypeError, KeyError, ValueError, ZeroDivisionError, AttributeError):
         return _digest(report)  # absent, or malformed: validation says which
+
+
+def node_heartbeat_unchanged(*, node_name: str, body: bytes, encode: Callable[[dict[str, Any]], bytes]) -> bytes | None:
+    """For the agent API's quick lane (``agentapi.quick``), which answers in
+    its event loop: the encoded reply (``encode(reply)``) to a heartbeat that
+    brings no news, its liveness recorded behind as ``node_heartbeat`` would;
+    or None, having recorded nothing, for anything that ``node_heartbeat``
+    must see: a body that is not a JSON object, a telemetry block (judging it
+    may write), a node not cached here or whose cached state is stale, the
+    liveness feed not subscribed (Redis away), a change. Never any I/O.
+
+    A body byte-identical to the last one matched against the node's cached
+    state is not decoded or hashed again.
+    """
+    store = liveness.store()
+    feed = getattr(store, "feed", None)
+    known = _known.get(node_name)
+    if known is None or feed is None or not feed.live:
+        return None
+    matched = _matched.get(node_name)
+    if matched is None or matched[1] is not known or matched[0] != body:
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
+        if not isinstance(payload, dict) or payload.get("telemetry") is not None:
+            return None
+        if (inventory_hash(payload) != known.inventory_hash
+                or engines_hash(payload.get("engines", [])) != known.engines_hash
+                or weights_hash(payload) != known.weights_hash):
+            return None
+        _matched[node_name] = (body, known)
+    if feed.version(node_name) != known.version:
+        return None
+    feed.later(node_name, time.time())
+    encoded = _encoded.get(node_name)
+    if encoded is None or encoded[0] is not known:
+        encoded = (known, encode(_reply(node_name, known)))
+        _encoded[node_name] = encoded
+    return encoded[1]
 
 
 def _reply(node_name: str, known: _Known) -> dict[str, Any]:
@@ -220,3 +266,5 @@ def _from_database(
 
 def forget_cache() -> None:
     _known.clear()
+    _matched.clear()
+    _encoded.clear()

@@ -65,6 +65,14 @@ class _RevokedSerials:
             self._known, self._stale = True, False
         self._loaded_at = time.monotonic()
 
+    def fresh(self) -> frozenset[str] | None:
+        """The set, if read within ``LLMGW_REVOCATION_CACHE_SECONDS`` (what
+        ``get()`` would return without a query); None when ``get()`` would
+        read the database first. For the agent API's event loop."""
+        if time.monotonic() - self._loaded_at < settings.LLMGW_REVOCATION_CACHE_SECONDS:
+            return self._serials
+        return None
+
     def cached(self) -> frozenset[str]:
         """The last set read, without touching the database: for the agent
         API's event loop, which must not wait on a query (a thread of its

@@ -11,13 +11,15 @@ import logging
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, OperationalError
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from agent.protocol import NODE_ID_RE
 from core import outages
-from pki.authn import peer_identity
+from pki.authn import PeerIdentity, peer_identity
 from pki.names import InvalidNodeId, validate_node_id
 from pki.selectors import revoked_serials
 from pki.services import PkiError
@@ -27,7 +29,7 @@ from ..certificates import cert_renew_node
 
 from .. import selectors
 from ..exceptions import InventoryRejected
-from ..heartbeat import node_heartbeat
+from ..heartbeat import node_heartbeat, node_heartbeat_unchanged
 from ..models import Node
 from ..validation import HeartbeatInvalid
 from ..longpoll import LongPollInvalid, longpoll_params
@@ -92,6 +94,33 @@ def ping(request):
     agent API request costs (bench/heartbeats.py measures against it)."""
     peer = peer_identity(request.META)
     return JsonResponse({"ok": True, "cn": peer.common_name if peer else None})
+
+
+# --- the quick lane: the same 200s, for the agent API's event loop -------------------
+
+
+def _json_bytes(data) -> bytes:
+    """The body ``JsonResponse(data)`` carries."""
+    return json.dumps(data, cls=DjangoJSONEncoder).encode()
+
+
+def ping_quick(*, peer: PeerIdentity) -> bytes:
+    """The body ``ping`` answers a verified peer with."""
+    return _json_bytes({"ok": True, "cn": peer.common_name})
+
+
+def heartbeat_quick(*, node_id: str, peer: PeerIdentity, body: bytes) -> bytes | None:
+    """The body of the 200 ``heartbeat`` would answer a heartbeat that brings
+    no news with, its liveness recorded; None, with nothing recorded, for
+    anything else (a refusal, news, a copy of the revoked serials that
+    ``authorize_node`` would re-read first): the view then answers it. Never
+    any I/O: ``agentapi.quick`` calls it in the listener's event loop."""
+    if peer.common_name != node_id or not NODE_ID_RE.match(node_id):
+        return None
+    revoked = revoked_serials.fresh()
+    if revoked is None or peer.serial in revoked or len(body) > settings.LLMGW_MAX_HEARTBEAT_BYTES:
+        return None
+    return node_heartbeat_unchanged(node_name=node_id, body=body, encode=_json_bytes)
 
 
 def _read_body(request) -> tuple[bytes, JsonResponse | None]:

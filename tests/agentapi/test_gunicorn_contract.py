@@ -36,7 +36,7 @@ from agentapi.worker import AgentApiWorker, VerifiedConn
 
 # Every method of ours that replaces one of gunicorn's, by class.
 OVERRIDES = {
-    AgentApiWorker: ["__init__", "notify", "get_thread_pool", "run", "enqueue_req", "handle_request",
+    AgentApiWorker: ["__init__", "notify", "get_thread_pool", "run", "enqueue_req", "handle", "handle_request",
                      "_cap_keepalive", "accept", "murder_pending"],
     AgentApiParkingWorker: ["__init__", "run", "handle", "handle_request", "finish_request", "murder_pending"],
     VerifiedConn: ["__init__", "init", "set_timeout", "close"],
