@@ -28,7 +28,7 @@ TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) \
 	LLMGW_DATA_DIR=$(CURDIR)/var/test
 TEST_CMD := $(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS)
 
-.PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats bench-routing agent-wheel bench-onboard clean
+.PHONY: up demo test venv venv-dev test-deps services prod-check bench-heartbeats agent-wheel bench-onboard clean
 # A bare `make` only prepares .venv (the files in mk/ define targets first).
 .DEFAULT_GOAL := venv
 
@@ -79,11 +79,6 @@ prod-check: services
 # `make bench-heartbeats BENCH_HEARTBEATS_ARGS="--nodes 5000"`
 bench-heartbeats: $(DEV_STAMP) services
 	$(TEST_ENV) $(PY) bench/heartbeats.py $(BENCH_HEARTBEATS_ARGS)
-
-# `make bench-routing BENCH_ROUTING_ARGS="--quick"`: the routing policies side by
-# side on 8 sim engines, after a capacity ramp (~8-10 min; --quick ~5).
-bench-routing: $(DEV_STAMP) services
-	$(PY) bench/routing.py $(BENCH_ROUTING_ARGS)
 
 # The node agent as its own distribution (llmgw-agent) and the wheels it
 # depends on, for nodes without internet: var/agent-wheels/<digest>/, built

@@ -23,8 +23,9 @@ bench-gateway: bench-gateway-deps
 	$(PY) bench/gateway.py $(BENCH_GATEWAY_ARGS)
 
 # make bench-routing: the routing policies side by side on 8 sim engines that
-# model a KV cache (docs/benchmarks.md); about 5 minutes on a shared 2-core box.
-#   make bench-routing BENCH_ROUTING_ARGS="--seconds 30 --gateways 2"
+# model a KV cache, each workload at 80 % of the capacity a ramp finds first
+# (docs/benchmarks.md); about 8-10 minutes on a 2-core box, --quick about 5.
+#   make bench-routing BENCH_ROUTING_ARGS="--quick --gateways 2"
 # make bench-routing-pure: the routing decision's CPU and the cost of reading engines' /metrics.
 BENCH_ROUTING_ARGS ?=
 
