@@ -171,27 +171,15 @@ class Gateway:
                     len(self.table.catalog), len(self.table.routed_ids()), len(self.table.keys), self.open)
 
     async def stop(self) -> None:
-        if self._share_task is not None:
-            self._share_task.cancel()
-            try:
-                await self._share_task
-            except asyncio.CancelledError:
-                pass
-            self._share_task = None
-        if self._scrape_task is not None:
-            self._scrape_task.cancel()
-            try:
-                await self._scrape_task
-            except asyncio.CancelledError:
-                pass
-            self._scrape_task = None
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        for name in ("_share_task", "_scrape_task", "_task"):
+            task = getattr(self, name)
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                setattr(self, name, None)
         if self.session is not None:
             await self.session.close()
             self.session = None
