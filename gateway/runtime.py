@@ -315,11 +315,15 @@ class Gateway:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                now = time.monotonic()
-                if now - self._last_sync_error > 10:
-                    self._last_sync_error = now
-                    logger.warning("gateway sync failed (routing as before): %s", exc, exc_info=True)
+                self._warn_now_and_then("gateway sync failed (routing as before): %s", exc, exc_info=True)
                 await loop.run_in_executor(self._db, close_old_connections)
+
+    def _warn_now_and_then(self, message: str, exc: BaseException, *, exc_info: bool = False) -> None:
+        """A background loop's failure, logged at most once per 10 s across the loops."""
+        now = time.monotonic()
+        if now - self._last_sync_error > 10:
+            self._last_sync_error = now
+            logger.warning(message, exc, exc_info=exc_info)
 
     async def sync_once(self, loop: asyncio.AbstractEventLoop) -> None:
         snapshot = await loop.run_in_executor(self._db, self._poll)
@@ -394,10 +398,7 @@ class Gateway:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                now = time.monotonic()
-                if now - self._last_sync_error > 10:
-                    self._last_sync_error = now
-                    logger.warning("gateway engine metrics cycle failed (routing on own counts): %s", exc)
+                self._warn_now_and_then("gateway engine metrics cycle failed (routing on own counts): %s", exc)
             period = self.scraper.period(len(self.table.routes))
             await asyncio.sleep(max(0.05, started + period - time.monotonic()))
 
@@ -417,10 +418,7 @@ class Gateway:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                now = time.monotonic()
-                if now - self._last_sync_error > 10:
-                    self._last_sync_error = now
-                    logger.warning("gateway prefix share failed (routing on this process's memory): %s", exc)
+                self._warn_now_and_then("gateway prefix share failed (routing on this process's memory): %s", exc)
 
     def _share_once(self, wanted: list[tuple[str, int]]) -> list:
         self.share.flush()
