@@ -243,14 +243,7 @@ class WeightsCache:
     # --- room -----------------------------------------------------------------------
 
     def used_bytes(self) -> int:
-        total = 0
-        for path in self.root.rglob("*"):
-            try:
-                if path.is_file():
-                    total += path.stat().st_size
-            except OSError:
-                pass
-        return total
+        return tree_size(self.root)
 
     def _free(self) -> int:
         disk = shutil.disk_usage(self.root).free
