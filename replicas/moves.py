@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from core.choices import EventSeverity
 from core.events import event_record
+from nodes.models import Node
 
 from . import defrag, placement
 from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
@@ -92,9 +93,13 @@ def move_start(*, move: defrag.Move, target: Replica, fabric: str | None) -> boo
     destination = move.destination.members[0].node
     try:
         with transaction.atomic():
-            # The lock order (docs/architecture.md): catalog entry, then replica;
-            # NO KEY locks, so that foreign-key checks at others' commits pass.
+            # The lock order (docs/architecture.md): catalog entry, the
+            # destination's nodes (ascending pk), then the original replica;
+            # its replacement is locked inside ``placements_persist``. NO KEY
+            # locks, so that foreign-key checks at others' commits pass.
             model = CatalogEntry.objects.select_for_update(no_key=True).get(name=move.model)
+            list(Node.objects.select_for_update(of=("self",), no_key=True)
+                 .filter(name__in={m.node for m in move.destination.members}).order_by("pk"))
             original = (
                 Replica.objects.select_for_update(of=("self",), no_key=True)
                 .filter(pk=move.replica, status=ReplicaStatus.READY, draining=False).first()

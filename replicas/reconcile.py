@@ -22,7 +22,7 @@ from .catalog import model_refresh_fit
 from .choices import PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, ModelRevision, Replica
 from .scheduling import cluster_snapshot, model_never_fits, replicas_schedule_pending
-from .services import replica_transition, replicas_lost_nodes_reap, replicas_quiesce
+from .services import replica_transition, replicas_lock, replicas_lost_nodes_reap, replicas_quiesce
 from .weights_cache import replicas_staging_advance
 from .weights_spares import spares_reconcile
 
@@ -93,6 +93,10 @@ def model_reconcile(*, model_id: int) -> None:
             extra = sorted(_scale_down_order(counted), key=lambda r: (
                 r.status != ReplicaStatus.PENDING, digests.get(r.revision_id, revision.digest) == revision.digest,
             ))[: -missing]
+            # Their rows locked first, in ascending pk (the lock order): they
+            # are stopped in the order above, which a placement locking the
+            # same pending replicas in ascending pk would otherwise cross.
+            replicas_lock(r.pk for r in extra)
             for replica in extra:
                 to = ReplicaStatus.STOPPED if replica.status == ReplicaStatus.PENDING else ReplicaStatus.STOPPING
                 replica_transition(replica_id=replica.pk, to=to, reason=f"{model.name} scaled to {model.replicas}")

@@ -36,7 +36,7 @@ from .models import CatalogEntry, ModelRevision, Replica, Rollout
 from .revisions import LAUNCH_FIELDS, revision_current, revision_manifest, revision_previous
 from .rollout_plan import Rep, RolloutView, rollout_next
 from .rollout_weights import rollout_weights_gate, rollout_weights_release
-from .services import replica_transition
+from .services import replica_transition, replicas_lock
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +254,9 @@ def rollout_step(*, rollout_id: int) -> None:
 
 def _apply(rollout: Rollout, model: CatalogEntry, step, replicas: list[Replica], failed: list[tuple[int, str]]) -> None:
     by_id = {r.pk: r for r in replicas}
+    # Every row this step changes, locked first in ascending pk (the lock
+    # order): they are then changed in the plan's order.
+    replicas_lock({*step.release, *step.stop_new, *step.mark, *step.stop})
     if step.release:
         Replica.objects.filter(pk__in=step.release).update(draining=False, rolling=False)
     for pk in step.stop_new:

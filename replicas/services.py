@@ -165,9 +165,10 @@ def member_release(*, member: Member, reason: str) -> int:
     return freed
 
 
-def _replicas_lock(replica_ids) -> dict[int, Replica]:
+def replicas_lock(replica_ids) -> dict[int, Replica]:
     """Lock replicas in ascending pk (the lock order: docs/architecture.md),
-    only their own rows."""
+    only their own rows. A service that changes several replicas one by one,
+    in an order of its own (which to stop first), takes them here first."""
     return {
         r.pk: r
         for r in Replica.objects.select_for_update(of=("self",), no_key=True).select_related("model")
@@ -241,7 +242,7 @@ def members_report(*, node: Node, engines: list[dict[str, Any]]) -> None:
         .exclude(state=MemberState.GONE)
         .order_by("pk")
     )
-    replicas = _replicas_lock(m.replica_id for m in members)
+    replicas = replicas_lock(m.replica_id for m in members)
     freed = 0
     for member in members:
         member.replica = replicas[member.replica_id]
@@ -355,7 +356,7 @@ def replicas_node_lost(*, node_name: str) -> None:
             .exclude(state=MemberState.GONE)
             .order_by("pk")
         )
-        replicas = _replicas_lock(m.replica_id for m in members)
+        replicas = replicas_lock(m.replica_id for m in members)
         freed = 0
         for member in members:
             if replicas[member.replica_id].status in PLACED:

@@ -28,7 +28,7 @@ from .. import hooks
 from ..choices import PLACED, ReplicaEventKind, ReplicaStatus
 from ..enqueue import reconcile_after_commit
 from ..models import CatalogEntry, GpuAllocation, Member, Replica
-from ..services import replica_transition
+from ..services import replica_transition, replicas_lock
 from . import history, signals
 from .choice import Candidate, scale_down_pick
 from .decide import Decision, Sample, Signals, decide
@@ -142,6 +142,7 @@ def model_autoscale_apply(*, model_id: int, decision: Decision, signals: Signals
         model = CatalogEntry.objects.select_for_update(no_key=True).filter(pk=model_id).first()
         if model is None or model.replicas != signals.wanted or model.autoscaled_at != seen_at or not model.autoscale:
             return False
+        replicas_lock(c.replica_id for c in going)  # ascending pk, then stopped in the picked order
         for candidate in going:
             to = ReplicaStatus.STOPPED if candidate.status == ReplicaStatus.PENDING else ReplicaStatus.STOPPING
             replica_transition(replica_id=candidate.replica_id, to=to, expected=candidate.status,

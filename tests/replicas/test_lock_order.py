@@ -26,7 +26,7 @@ from nodes.services import node_transition, node_uncordon
 from replicas import drain, reconcile, rollout, services
 from replicas.catalog import catalog_apply, model_scale
 from replicas.choices import PLACED, MemberState
-from replicas.models import CatalogEntry, Drain, GpuAllocation, Member, PortAllocation
+from replicas.models import CatalogEntry, Drain, GpuAllocation, Member, PortAllocation, Replica
 from replicas.selectors import members_wanted
 from tests.control_plane import heartbeat_payload
 
@@ -202,3 +202,67 @@ def _assert_invariants():
         state=MemberState.GONE).exists(), "a placed replica left on a lost node"
     active = Counter(Drain.objects.filter(status__in=["running", "blocked"]).values_list("node_id", flat=True))
     assert all(count == 1 for count in active.values())
+
+
+def _waiting_on_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return bool(row) and row[0] == "Lock"
+
+
+def test_a_scale_down_takes_its_replicas_in_ascending_pk():
+    """The deadlock a CI run found: a placement locks pending replicas in
+    ascending pk while the model's reconcile stopped them newest first, each
+    holding the one before. Now, while the scale-down waits for the oldest
+    (held here, as a placement would), it holds none of the newer ones."""
+    from django.db import connections
+
+    catalog_apply(entries=[{**ENTRIES["single"], "replicas": 3}])
+    model = CatalogEntry.objects.get(name="single")
+    reconcile.model_reconcile(model_id=model.pk)  # three pending replicas: no node to place them on
+    oldest, *newer = Replica.objects.filter(model=model).order_by("pk").values_list("pk", flat=True)
+    assert len(newer) == 2
+    model_scale(name="single", replicas=0)
+
+    holder = connections.create_connection("default")
+    holder.set_autocommit(False)
+    done = threading.Event()
+    failure: list[str] = []
+
+    def scale_down():
+        try:
+            reconcile.model_reconcile(model_id=model.pk)
+        except Exception:
+            failure.append(traceback.format_exc())
+        finally:
+            connection.close()
+            done.set()
+
+    worker = None
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT id FROM replicas_replica WHERE id = %s FOR NO KEY UPDATE", [oldest])
+        pids: list[int] = []
+
+        def scale_down_pid():
+            connection.ensure_connection()
+            pids.append(connection.connection.info.backend_pid)
+            scale_down()
+
+        worker = threading.Thread(target=scale_down_pid, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while not (pids and _waiting_on_lock(pids[0])):
+            assert time.monotonic() < deadline and not done.is_set(), f"the scale-down never waited: {failure}"
+            time.sleep(0.02)
+        with holder.cursor() as cursor:
+            for pk in newer:  # free: the scale-down holds none of them while it waits
+                cursor.execute("SELECT id FROM replicas_replica WHERE id = %s FOR NO KEY UPDATE NOWAIT", [pk])
+    finally:
+        holder.rollback()
+        holder.close()
+        if worker is not None:
+            worker.join(timeout=30)
+    assert done.is_set() and not failure, failure
+    assert set(Replica.objects.filter(model=model).values_list("status", flat=True)) == {"stopped"}
