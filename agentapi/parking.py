@@ -150,7 +150,8 @@ class AgentApiParkingWorker(AgentApiWorker):
                 pubsub.subscribe(liveness.channel_scoped(client, longpoll.CHANNEL))
                 for message in pubsub.listen():
                     if message.get("type") == "message":
-                        self._changed(message["data"].decode())
+                        for node in liveness.channel_nodes(message["data"]):
+                            self._changed(node)
             except Exception as exc:  # noqa: BLE001 - Redis went away: retry, parked polls time out meanwhile
                 logger.warning("desired-state watch lost Redis: %s; retrying", exc)
                 time.sleep(1.0)

@@ -188,16 +188,18 @@ def _pending_replicas(scale: float) -> int:
     from django.utils import timezone
 
     from replicas.models import CatalogEntry, Replica
+    from replicas.revisions import revision_current
 
     shapes = []
     for (n, g), count in MIX.items():
         model = CatalogEntry.objects.create(name=f"m-{n}x{g}", engine="sim", weights="/models/sim", nodes=n,
                                      gpus_per_node=g, replicas=int(count * scale))
-        shapes += [model] * int(count * scale)
+        # Launched as their revision says, as the reconcile creates them.
+        shapes += [(model, revision_current(model))] * int(count * scale)
     random.Random(7).shuffle(shapes)
     now = timezone.now()
-    Replica.objects.bulk_create([Replica(model=m, status="pending", status_changed_at=now) for m in shapes],
-                                batch_size=2000)
+    Replica.objects.bulk_create([Replica(model=m, revision=r, status="pending", status_changed_at=now)
+                                 for m, r in shapes], batch_size=2000)
     return len(shapes)
 
 

@@ -95,8 +95,8 @@ class HeartbeatFeed:
                     if message is None:
                         continue
                     if message["type"] == "message":
-                        node = message["data"].decode()
-                        self._changes[node] = self._changes.get(node, 0) + 1
+                        for node in channel_nodes(message["data"]):
+                            self._changes[node] = self._changes.get(node, 0) + 1
                     elif message["type"] == "subscribe":
                         # Every bump from now on is heard; any before may have been missed.
                         self.epoch += 1
@@ -145,6 +145,12 @@ class HeartbeatFeed:
                     logger.warning("cannot write %d heartbeats to Redis: %s; retrying", len(batch), exc)
                     outages.dependency_failed(exc)
                 failing = self.writes_failing = True
+
+
+def channel_nodes(data: bytes) -> list[str]:
+    """The node names a bump's message carries, one per line (a node name is
+    a hostname: no line breaks)."""
+    return data.decode().split("\n")
 
 
 def channel_scoped(client: redis.Redis, channel: str) -> str:
@@ -240,13 +246,16 @@ class RedisLiveness:
         self.client.hdel(SEEN_KEY, node)
 
     def bump_many(self, nodes: list[str], *, channel: str) -> None:
-        """Bump many generations and wake their long-polls, in one round trip."""
+        """Bump many generations and wake their long-polls, in one round trip:
+        a message per channel names them all (``channel_nodes`` reads it)."""
+        if not nodes:
+            return
         pipe = self.client.pipeline(transaction=False)
-        generations, changed = channel_scoped(self.client, GENERATION_CHANNEL), channel_scoped(self.client, channel)
         for node in nodes:
             pipe.hincrby(GENERATION_KEY, node, 1)
-            pipe.publish(generations, node)
-            pipe.publish(changed, node)
+        names = "\n".join(nodes)
+        pipe.publish(channel_scoped(self.client, GENERATION_CHANNEL), names)
+        pipe.publish(channel_scoped(self.client, channel), names)
         pipe.execute()
 
     def mark_listener_alive(self, at: float) -> None:

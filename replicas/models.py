@@ -179,14 +179,20 @@ class GpuAllocation(models.Model):
 
     gpu = models.OneToOneField(Gpu, on_delete=models.PROTECT, related_name="allocation")
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="gpu_allocations")
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpu_allocations")
+    # The GPU's node, for queries by node. No database constraint of its own:
+    # the GPU's (and the member's) already keep the node from going while the
+    # row exists, and each constraint is a check per row at every placement's
+    # commit (bench/scheduler.py).
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpu_allocations", db_constraint=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["gpu"], name="%(app_label)s_%(class)s_unique_gpu")]
 
 
 class PortAllocation(models.Model):
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="port_allocations")
+    # The member's node (the unique port is per node); no database constraint
+    # of its own, as GpuAllocation.node: the member's keeps the node.
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="port_allocations", db_constraint=False)
     port = models.PositiveIntegerField()
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="port_allocations")
     purpose = models.CharField(max_length=32)

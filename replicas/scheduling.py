@@ -26,7 +26,7 @@ from . import defrag, placement
 from .choices import PLACED, ReplicaEventKind, ReplicaStatus
 from .engines import member_ports
 from .launch import member_launch
-from .models import CatalogEntry, GpuAllocation, Member, PortAllocation, Replica
+from .models import CatalogEntry, GpuAllocation, Member, ModelRevision, PortAllocation, Replica
 from .revisions import replica_launch
 from .selectors import members_wanted
 from .services import replicas_transition_scheduled
@@ -138,12 +138,14 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         for name in names:
             if name not in nodes or nodes[name].status != NodeStatus.READY:
                 raise PlacementConflict(f"node {name} is no longer ready")
-        locked = {
-            r.pk: r
-            for r in Replica.objects.select_for_update(of=("self",), no_key=True).select_related("model")
+        # Those still pending; the caller's instances, with their model and
+        # revision loaded, are written (a pending replica's launch is fixed).
+        locked = set(
+            Replica.objects.select_for_update(of=("self",), no_key=True)
             .filter(pk__in=[r.pk for r, _ in items], status=ReplicaStatus.PENDING).order_by("pk")
-        }
-        items = [(locked[r.pk], p) for r, p in items if r.pk in locked]
+            .values_list("pk", flat=True)
+        )
+        items = [(r, p) for r, p in items if r.pk in locked]
         if not items:
             return []
         node_ids = [n.id for n in nodes.values()]
@@ -256,13 +258,27 @@ def _pending_notes_record(notes: list[tuple[Replica, str, Event]]) -> None:
     notes.clear()
 
 
+def _pending_read() -> list[Replica]:
+    """The pending replicas, oldest first, each with its model and revision:
+    read once per model and revision (a few), not once per replica."""
+    pending = list(Replica.objects.filter(status=ReplicaStatus.PENDING).order_by("id"))
+    models = CatalogEntry.objects.in_bulk({r.model_id for r in pending})
+    revisions = ModelRevision.objects.in_bulk({r.revision_id for r in pending if r.revision_id is not None})
+    for replica in pending:
+        # One gone meanwhile (a model removed) is left to load, as before.
+        if replica.model_id in models:
+            replica.model = models[replica.model_id]
+        if replica.revision_id in revisions:
+            replica.revision = revisions[replica.revision_id]
+    return pending
+
+
 def replicas_schedule_pending(*, attempts: int = 3, batch: int = 100) -> int:
     """Place every pending replica that fits, oldest first, ``batch`` per
     transaction. Returns how many were placed."""
     placed = 0
     for _ in range(attempts):
-        pending = list(Replica.objects.filter(status=ReplicaStatus.PENDING).select_related("model", "revision")
-                       .order_by("id"))
+        pending = _pending_read()
         if not pending:
             return placed
         snapshot = cluster_snapshot()

@@ -8,7 +8,7 @@ import time
 from django.conf import settings
 
 from nodes import longpoll
-from nodes.liveness import RedisLiveness, channel_scoped
+from nodes.liveness import RedisLiveness, channel_nodes, channel_scoped
 
 
 def _other_db(url: str) -> str:
@@ -36,6 +36,8 @@ def test_a_change_in_one_database_wakes_only_that_databases_watchers():
         assert _messages(listening, 0.5) == []
         ours.bump_many(["chan-node01"], channel=longpoll.CHANNEL)
         assert _messages(listening, 2.0) == [b"chan-node01"]
+        ours.bump_many(["chan-node01", "chan-node02"], channel=longpoll.CHANNEL)  # one message names them all
+        assert [channel_nodes(m) for m in _messages(listening, 2.0)] == [["chan-node01", "chan-node02"]]
     finally:
         listening.close()
         for store in (ours, theirs):
