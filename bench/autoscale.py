@@ -164,7 +164,7 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=10, help="requests sent at once to the model at zero (default 10)")
     parser.add_argument("--hold-max", type=int, default=6, help="the policy's held-request bound (default 6)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/11")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/1")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--json", help="write the figures to this file too")
     parser.add_argument("--quick", action="store_true",

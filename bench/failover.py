@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="kills to time (default 3)")
     parser.add_argument("--grace", type=float, default=3.0, help="LLMGW_NODE_GRACE in seconds (default 3)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/4")
     parser.add_argument("--topology", choices=["seeds", "fabric3"], default="seeds",
                         help="seeds: 4 nodes in two fabrics, two 2x4 replicas; fabric3: three 6-GPU nodes "
                         "in one fabric, one 2x4 replica (no spare pair: the survivors' GPUs are needed)")

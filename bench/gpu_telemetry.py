@@ -43,7 +43,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--redis", default=os.environ.get("LLMGW_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    p.add_argument("--redis", default=os.environ.get("LLMGW_REDIS_URL", "redis://127.0.0.1:6379/4"))
     return p.parse_args()
 
 

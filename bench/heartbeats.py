@@ -8,7 +8,7 @@ Each node has its own client certificate from a throwaway authority and its
 own kept-alive TLS connection. The agent API runs as it does in production
 (``gunicorn_argv``: 2 workers, on 127.0.0.1) against a benchmark database
 (``llmgw_bench``, dropped and migrated here, next to the one ``DATABASE_URL``
-names) and its own Redis database (14 unless ``--redis-db``), so a test suite
+names) and its own Redis database (4 unless ``--redis-db``), so a test suite
 running at the same time is not disturbed.
 
 Phases: open every connection (a reconnect storm), register every node (its
@@ -91,7 +91,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=8, help="GPUs in each node's inventory (8)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to serve and load on")
     p.add_argument("--db-name", default="llmgw_bench", help="benchmark database, dropped and created (llmgw_bench)")
-    p.add_argument("--redis-db", type=int, default=14, help="Redis database for liveness (14)")
+    p.add_argument("--redis-db", type=int, default=4, help="Redis database for liveness (4)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and the database")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--timeline", action="store_true",

@@ -1,6 +1,6 @@
 """The limiter alone: gateway-side CPU per request of admitting and settling through Redis.
 
-    python bench/limits_pure.py [--redis redis://127.0.0.1:6379/14] [--requests 20000]
+    python bench/limits_pure.py [--redis redis://127.0.0.1:6379/4] [--requests 20000]
 
 One process, no web server: ``RedisLimiter.admit`` then ``settle`` for a key
 with every limit set, at concurrency 1 (one script per round trip) and 32
@@ -44,7 +44,7 @@ async def run(limiter, requests: int, concurrency: int) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--requests", type=int, default=20000)
     args = parser.parse_args()
     import django

@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=0.5, help="share of bench/scheduler.py's replica mix")
     parser.add_argument("--concurrency", type=int, default=8, help="worker threads (default 8)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/3")
     parser.add_argument("--db", default=DB_NAME)
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()

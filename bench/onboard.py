@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="worker threads or processes (8, as llmgw up)")
     parser.add_argument("--pool", default="threads", choices=["threads", "prefork"], help="the worker's pool (threads, as llmgw up)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/3")
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
 

@@ -55,7 +55,7 @@ def main() -> int:
     parser.add_argument("--task-secs", type=float, default=3.0, help="how long each Proxmox task takes (3)")
     parser.add_argument("--concurrency", type=int, default=4, help="worker threads (4)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/2")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
 

@@ -105,7 +105,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--before", type=float, default=10.0, help="seconds of load before the change")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/4")
     parser.add_argument("--db-name", default=DB_NAME, help=f"database to (re)create on --pg (default {DB_NAME})")
     args = parser.parse_args()
 

@@ -445,7 +445,7 @@ def main() -> int:
                         help="gateway web processes (default 1); with more, every phase goes through the first, and "
                              "cache-aware is run again with requests alternating over all of them")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/2")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--node-addr", default="127.0.1.180", help="the simulated node's address")
     parser.add_argument("--seed", type=int, default=20)

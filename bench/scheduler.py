@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--islands", type=int, default=50, help="fabric-less nodes (default 50)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the replica mix (default 1.0 = 2,000)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/2")
     parser.add_argument("--db", default=DB_NAME, help=f"database to (re)create (default {DB_NAME})")
     args = parser.parse_args()
 

@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--rpm", type=int, default=600)
     parser.add_argument("--tpm", type=int, default=12000)
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: exactness,priorities,cpu")
     args = parser.parse_args()

@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--islands", type=int, default=50)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/2")
     args = parser.parse_args()
 
     os.environ.update(

@@ -87,7 +87,7 @@ def main() -> int:
     parser.add_argument("--grace", type=float, default=3.0, help="LLMGW_NODE_GRACE in seconds (default 3)")
     parser.add_argument("--trials", type=int, default=5000, help="random placements (default 5000)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/2")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--skip-cluster", action="store_true", help="only the placement figures")
     args = parser.parse_args()
