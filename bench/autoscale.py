@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -179,6 +181,7 @@ def main() -> int:
         durations = {name: seconds / 4 for name, seconds in durations.items()}
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-autoscale-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     env = {
         "DATABASE_URL": f"{args.pg}/{args.db_name}", "CELERY_BROKER_URL": args.redis, "LLMGW_REDIS_URL": args.redis,
         "LLMGW_DATA_DIR": str(base / "data"), "LLMGW_NODE_GRACE": "5", "LLMGW_SWEEP_INTERVAL": "1",

@@ -24,7 +24,9 @@ lost: "node declared lost -> replacement ready" is negative.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -55,6 +57,7 @@ def main() -> int:
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-failover-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     env = {
         "DATABASE_URL": f"{args.pg}/{args.db_name}",
         "CELERY_BROKER_URL": args.redis,

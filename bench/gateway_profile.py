@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
 import pstats
+import shutil
 import signal
 import sys
 import tempfile
@@ -76,6 +78,7 @@ def main() -> int:
     parser.add_argument("--stream", action="store_true")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-gwprofile-"))
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)  # its files go with it
     stack = Stack(workdir)
     try:
         sim = start_sim(stack)

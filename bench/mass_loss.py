@@ -21,7 +21,9 @@ bench measures a tree from before coalescing and one after.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,11 +50,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
 
+    data_dir = tempfile.mkdtemp(prefix="llmgw-bench-mass-loss-")
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     os.environ.update(
         DATABASE_URL=f"{args.pg}/{args.db}",
         CELERY_BROKER_URL=args.redis,
         LLMGW_REDIS_URL=args.redis,
-        LLMGW_DATA_DIR=tempfile.mkdtemp(prefix="llmgw-bench-mass-loss-"),
+        LLMGW_DATA_DIR=data_dir,
         LLMGW_MASS_SILENCE_FRACTION="1",
         LLMGW_LOG_LEVEL="WARNING",
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",

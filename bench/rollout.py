@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -110,6 +112,7 @@ def main() -> int:
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-rollout-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     env = {
         "DATABASE_URL": f"{args.pg}/{args.db_name}",
         "CELERY_BROKER_URL": args.redis,

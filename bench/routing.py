@@ -41,10 +41,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -454,6 +456,7 @@ def main() -> int:
         args.seconds, args.timeout, args.ramp_seconds, args.ramp_steps = 8.0, 10.0, 5.0, 4
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-routing-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     os.environ.update({
         "DATABASE_URL": f"{args.pg}/{args.db_name}", "CELERY_BROKER_URL": args.redis, "LLMGW_REDIS_URL": args.redis,
         "LLMGW_DATA_DIR": str(base / "data"), "LLMGW_NODE_GRACE": "5", "LLMGW_SWEEP_INTERVAL": "0.5",

@@ -19,8 +19,10 @@ started), with the invariants checked again.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,11 +48,13 @@ def main() -> int:
     parser.add_argument("--db", default=DB_NAME, help=f"database to (re)create (default {DB_NAME})")
     args = parser.parse_args()
 
+    data_dir = tempfile.mkdtemp(prefix="llmgw-bench-scheduler-")
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     os.environ.update(
         DATABASE_URL=f"{args.pg}/{args.db}",
         CELERY_BROKER_URL=args.redis,
         LLMGW_REDIS_URL=args.redis,
-        LLMGW_DATA_DIR=tempfile.mkdtemp(prefix="llmgw-bench-scheduler-"),
+        LLMGW_DATA_DIR=data_dir,
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
     )
     _recreate_database(args.pg, args.db)

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -215,6 +217,7 @@ def main() -> int:
     from _cluster import recreate_database  # noqa: PLC0415 - bench/ sibling
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-tenancy-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     env = dict(os.environ, DATABASE_URL=f"{args.pg}/{args.db_name}", CELERY_BROKER_URL=args.redis,
                LLMGW_REDIS_URL=args.redis, LLMGW_DATA_DIR=str(base / "data"), LLMGW_GATEWAY_OPEN="0",
                LLMGW_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="llmgw_site.settings",

@@ -19,8 +19,10 @@ browser fetches every 3 s; the HTML partial is what a filter change fetches).
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,11 +47,13 @@ def main() -> int:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/2")
     args = parser.parse_args()
 
+    data_dir = tempfile.mkdtemp(prefix="llmgw-bench-ui-")
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     os.environ.update(
         DATABASE_URL=f"{args.pg}/{DB_NAME}",
         CELERY_BROKER_URL=args.redis,
         LLMGW_REDIS_URL=args.redis,
-        LLMGW_DATA_DIR=tempfile.mkdtemp(prefix="llmgw-bench-ui-"),
+        LLMGW_DATA_DIR=data_dir,
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
     )
     scheduler_bench._recreate_database(args.pg, DB_NAME)

@@ -27,9 +27,11 @@ placement figure is process CPU time (time.process_time).
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,6 +95,7 @@ def main() -> int:
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="llmgw-weights-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     env = {
         "DATABASE_URL": f"{args.pg}/{args.db_name}", "CELERY_BROKER_URL": args.redis, "LLMGW_REDIS_URL": args.redis,
         "LLMGW_DATA_DIR": str(base / "data"), "LLMGW_NODE_GRACE": str(args.grace), "LLMGW_SWEEP_INTERVAL": "0.5",
