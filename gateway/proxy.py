@@ -274,13 +274,22 @@ async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeo
     content = response.content
     gw.metrics.ttft(model, route.label, time.perf_counter() - attempt.started)
     chunk = first
+    held = b""  # an event's beginning, until its end arrives: usage is found (and stripped) in whole events
     try:
-        while chunk:
+        while chunk or held:
+            if held:
+                chunk, held = held + chunk, b""
+            if chunk and not finished:
+                end = _events_end(chunk)
+                if len(chunk) - end <= _HELD_MAX:
+                    chunk, held = chunk[:end], chunk[end:]
             if _USAGE_OBJECT.search(chunk):
                 chunk, used = _take_usage(chunk, strip_usage)
                 prompt, completion = used if used != (0, 0) else (prompt, completion)
             if chunk:
                 yield chunk
+            if finished:
+                break
             # The wait for each next chunk is bounded by the idle timeout and what is left of the total
             # (a scope per read: a timeout must not span a yield, where the client's send runs).
             deadline = loop.time() + idle if idle else None
@@ -291,6 +300,8 @@ async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeo
             else:
                 async with asyncio.timeout_at(deadline):
                     chunk = await content.readany()
+            # The end of the stream: what was held goes out as it came (the loop's last turn).
+            finished = not chunk
         finished = True
     except (asyncio.CancelledError, GeneratorExit):
         code, kind = 499, ErrorKind.CLIENT_DISCONNECTED
@@ -306,6 +317,16 @@ async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeo
         yield sse_error(f"replica {route.replica_id} of {model} broke off the stream: {exc}", kind, 502)
     finally:
         relay.end(code, kind, finished, prompt, completion)
+
+
+# An event's beginning held back for its end at most this long (an engine's events are far shorter).
+_HELD_MAX = 64 * 1024
+
+
+def _events_end(chunk: bytes) -> int:
+    """Where the chunk's last whole SSE event ends (0: none ends in it)."""
+    lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _take_usage(chunk: bytes, strip: bool) -> tuple[bytes, tuple[int, int]]:

@@ -71,6 +71,35 @@ def test_usage_is_counted_and_not_shown_unless_asked(gateway_web, make_replica, 
     assert (row.requests, row.prompt_tokens) == (2, 14)
 
 
+def test_events_cut_across_reads_reach_the_client_whole_and_usage_is_counted(gateway_web, make_replica,
+                                                                             fake_engine, api_key):
+    """An engine's events may arrive cut anywhere (a TCP segment ends inside the JSON): the gateway holds
+    an event's beginning until its end, so it finds the final usage event whole, counts it, and strips
+    it whole; the client never sees half an event."""
+    from gateway.models import ApiKey
+
+    engine = fake_engine("m", events=3)
+    engine.mode = "split_events"  # every event in two writes 50 ms apart, the usage event cut inside "usage"
+    make_replica("m", engine.port)
+    key = api_key("split")
+    web = gateway_web()
+    with httpx.Client(base_url=web.url, headers={"Authorization": f"Bearer {key}"}, timeout=10) as client:
+        plain = client.post("/v1/chat/completions", json=_stream_body("m")).text
+        asked = client.post("/v1/chat/completions",
+                            json=_stream_body("m", stream_options={"include_usage": True})).text
+    for text, usage_shown in ((plain, False), (asked, True)):
+        assert text.endswith("data: [DONE]\n\n")
+        events = [e for e in text.split("\n\n") if e]
+        assert all(e.startswith("data: ") for e in events), events
+        chunks = [json.loads(e[6:]) for e in events[:-1]]  # each one whole JSON
+        assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "t0 t1 t2 "
+        assert [c["usage"] for c in chunks if not c["choices"]] == ([{"prompt_tokens": 7, "completion_tokens": 3,
+                                                                      "total_tokens": 10}] if usage_shown else [])
+    row = wait_until(lambda: ApiKey.objects.filter(name="split", completion_tokens=6).first(), timeout=5,
+                     message="usage of both streams flushed to the database")
+    assert (row.requests, row.prompt_tokens) == (2, 14)
+
+
 def test_streaming_from_the_sim_engine(gateway_web, make_replica, sim_engine):
     port = sim_engine("sim-stream", token_delay=0.01)
     make_replica("sim-stream", port)

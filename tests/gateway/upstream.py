@@ -20,7 +20,7 @@ class FakeEngine:
         self.events = events
         self.event_delay = event_delay
         self.port = free_port()
-        self.mode = "normal"  # normal | hold | hang | die_mid_stream | error500 | error503
+        self.mode = "normal"  # normal | hold | hang | die_mid_stream | error500 | error503 | split_events
         self.release = threading.Event()  # lets a held stream go on
         self.requests: list[dict] = []
         self.disconnects: list[float] = []
@@ -70,6 +70,17 @@ class FakeEngine:
                                   "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
                                   "usage": {"prompt_tokens": 2, "total_tokens": 2}})
 
+    async def _write(self, response: web.StreamResponse, event: bytes) -> None:
+        """One event; in ``split_events`` mode in two writes a moment apart, cut inside its JSON (as a
+        TCP segment boundary may cut it), so that the gateway reads it in two chunks."""
+        if self.mode != "split_events":
+            await response.write(event)
+            return
+        cut = event.find(b'"usage"') + 3 if b'"usage"' in event else len(event) // 2
+        await response.write(event[:cut])
+        await asyncio.sleep(0.05)
+        await response.write(event[cut:])
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append({"headers": dict(request.headers), **body})
@@ -99,7 +110,7 @@ class FakeEngine:
                          "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
                 if include_usage:
                     chunk["usage"] = None
-                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                await self._write(response, b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if i == 0 and self.mode == "hold":
                     while not self.release.is_set():
                         await asyncio.sleep(0.02)
@@ -111,7 +122,7 @@ class FakeEngine:
             if include_usage:
                 final = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": self.model,
                          "choices": [], "usage": usage}
-                await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+                await self._write(response, b"data: " + json.dumps(final).encode() + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             self.finished_streams += 1
