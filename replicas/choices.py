@@ -19,7 +19,7 @@ class ReplicaStatus(models.TextChoices):
     PENDING = "pending"
     SCHEDULED = "scheduled"
     # Placed where the weights are missing: its nodes fetch them
-    # (replicas.weights_staging) before its engines start.
+    # (replicas.weights_cache) before its engines start.
     STAGING = "staging"
     STARTING = "starting"
     READY = "ready"

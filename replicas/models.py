@@ -123,7 +123,7 @@ class Replica(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     # While staging: {"bytes", "total", "rate", "eta", "nodes": {node: bytes}}
-    # (replicas.weights_staging), what the agents last reported.
+    # (replicas.weights_cache), what the agents last reported.
     staging = models.JSONField(default=dict, blank=True)
 
     class Meta:
