@@ -10,11 +10,14 @@ generator (bench/_http_load.py) spends a few tens of microseconds a request.
    process: a key with an RPM limit sent three times its limit within one
    minute window (admitted vs limit); a key with a TPM limit, likewise, with
    the tokens the engine reported for the admitted requests against the limit.
-2. **Priorities**: a sim engine with a batch limit of 8 (``--max-num-seqs 8``
-   in the catalog); an ``interactive`` key at a steady load (2 streams in a
-   closed loop); a ``batch`` key at 0, then at capacity (6 streams, the batch
-   share with headroom 0.25), then at twice that (12). The interactive key's
-   TTFT p90 in each phase against the unloaded one, and its failures.
+2. **Priorities**: a sim engine with a batch limit (``--max-num-seqs``, 20 by
+   default: ``--batch-limit``) in the catalog; the gateways' batch headroom as
+   shipped (``LLMGW_GATEWAY_BATCH_HEADROOM``, 0.1, unless ``--headroom``); an
+   ``interactive`` key at a steady load (2 streams in a closed loop); a
+   ``batch`` key at 0, then at the batch share of the engine (18 streams at
+   20 and 0.1), then at twice that; each stream's connections alternate
+   between the two gateway processes. The interactive key's TTFT p90 in each
+   phase against the unloaded one, and its failures.
 3. **CPU per request**, limits on against off: the same non-streamed load
    through one gateway process with a key without limits and with a key with
    every limit set (far above the load), alternating, ``--runs`` times; the
@@ -153,35 +156,42 @@ def exactness(ports: list[int], keys: dict[str, str], rpm: int, tpm: int) -> dic
 # --- 2: priorities ---------------------------------------------------------------------------
 
 
-async def priority_phase(port: int, keys: dict[str, str], batch_streams: int, seconds: float) -> dict:
+async def priority_phase(ports: list[int], keys: dict[str, str], batch_streams: int, seconds: float) -> dict:
     stop = time.perf_counter() + seconds
-    chat_raw = build_request(HOST, port, "/v1/chat/completions", chat(SLOW, 16, stream=True),
-                             {"Authorization": f"Bearer {keys['interactive']}"})
-    batch_raw = build_request(HOST, port, "/v1/chat/completions", chat(SLOW, 200, stream=True),
-                              {"Authorization": f"Bearer {keys['batch']}"})
+
+    def raw(port: int, key: str, tokens: int) -> bytes:
+        return build_request(HOST, port, "/v1/chat/completions", chat(SLOW, tokens, stream=True),
+                             {"Authorization": f"Bearer {keys[key]}"})
+
     interactive, batch = [], []
 
-    async def loop(raw: bytes, out: list, pause: float) -> None:
+    async def loop(port: int, key: str, tokens: int, out: list, pause: float) -> None:
+        request = raw(port, key, tokens)
         connection = Connection(HOST, port)
         try:
             while time.perf_counter() < stop:
-                out.append(await connection.request(raw, True))
+                out.append(await connection.request(request, True))
                 if pause:
                     await asyncio.sleep(pause)
         finally:
             connection.close()
 
-    tasks = [loop(batch_raw, batch, 0) for _ in range(batch_streams)]
-    await asyncio.sleep(0)
-    if batch_streams:
-        await asyncio.sleep(0)
-    tasks += [loop(chat_raw, interactive, 0.1) for _ in range(2)]
+    # Every other stream through the other gateway process.
+    tasks = [loop(ports[i % len(ports)], "batch", 200, batch, 0) for i in range(batch_streams)]
+    tasks += [loop(ports[i % len(ports)], "interactive", 16, interactive, 0.1) for i in range(2)]
     await asyncio.gather(*tasks)
     ttfts = [s.ttft for s in interactive if s.ok and s.ttft is not None]
     return {"batch_streams": batch_streams, "interactive": len(interactive),
             "interactive_failed": sum(1 for s in interactive if not s.ok),
             "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
             "batch_ok": sum(1 for s in batch if s.ok), "batch_refused": sum(1 for s in batch if not s.ok)}
+
+
+def _setting(name: str, env: dict) -> str:
+    """A setting as the gateway processes started with ``env`` will see it."""
+    code = f"import django; django.setup(); from django.conf import settings; print(settings.{name})"
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          check=True).stdout.strip().splitlines()[-1]
 
 
 # --- 3: CPU ----------------------------------------------------------------------------------
@@ -211,6 +221,9 @@ def main() -> int:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--db-name", default=DB_NAME)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: exactness,priorities,cpu")
+    parser.add_argument("--batch-limit", type=int, default=20, help="the slow engine's --max-num-seqs (default 20)")
+    parser.add_argument("--headroom", type=float, default=None,
+                        help="LLMGW_GATEWAY_BATCH_HEADROOM for the gateways (default: the setting's default)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
@@ -220,8 +233,12 @@ def main() -> int:
     atexit.register(shutil.rmtree, base, ignore_errors=True)  # its files go with it
     env = dict(os.environ, DATABASE_URL=f"{args.pg}/{args.db_name}", CELERY_BROKER_URL=args.redis,
                LLMGW_REDIS_URL=args.redis, LLMGW_DATA_DIR=str(base / "data"), LLMGW_GATEWAY_OPEN="0",
-               LLMGW_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="llmgw_site.settings",
-               LLMGW_GATEWAY_BATCH_HEADROOM="0.25")
+               LLMGW_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="llmgw_site.settings")
+    env.pop("LLMGW_GATEWAY_BATCH_HEADROOM", None)
+    if args.headroom is not None:
+        env["LLMGW_GATEWAY_BATCH_HEADROOM"] = str(args.headroom)
+    headroom = float(_setting("LLMGW_GATEWAY_BATCH_HEADROOM", env))
+    batch_share = int(args.batch_limit * (1 - headroom))
     recreate_database(args.pg, args.db_name)
     import redis
 
@@ -233,13 +250,14 @@ def main() -> int:
         fast = stack.start("sim-fast", [sys.executable, "-c", _SIM, "--rank", "0", "--nnodes", "1", "--host", HOST,
                                         "--port", str(fast_port), "--model", FAST, "--token-delay", "0"])
         slow = stack.start("sim-slow", [sys.executable, "-c", _SIM, "--rank", "0", "--nnodes", "1", "--host", HOST,
-                                        "--port", str(slow_port), "--model", SLOW, "--max-num-seqs", "8"])
+                                        "--port", str(slow_port), "--model", SLOW, "--max-num-seqs",
+                                        str(args.batch_limit)])
         wait_http(fast_port, "/health", 30, fast)
         wait_http(slow_port, "/health", 30, slow)
         big = 10 ** 9
         spec = {
             "models": [{"name": FAST, "port": fast_port, "args": []},
-                       {"name": SLOW, "port": slow_port, "args": ["--max-num-seqs", "8"]}],
+                       {"name": SLOW, "port": slow_port, "args": ["--max-num-seqs", str(args.batch_limit)]}],
             "keys": [{"name": "rpm", "rpm": args.rpm}, {"name": "tpm", "tpm": args.tpm},
                      {"name": "interactive", "priority": "interactive"}, {"name": "batch", "priority": "batch"},
                      {"name": "plain"},
@@ -275,8 +293,9 @@ def main() -> int:
 
         if "priorities" not in skip:
             print(f"\n2. interactive (2 streams, 16 tokens) while batch streams (200 tokens) load {SLOW} "
-                  f"(batch limit 8; batch share 6 with headroom 0.25)")
-            phases = [asyncio.run(priority_phase(ports[0], keys, n, args.seconds)) for n in (0, 6, 12)]
+                  f"(batch limit {args.batch_limit}; batch share {batch_share} with headroom {headroom:g}), "
+                  "each stream through one of the two gateway processes in turn")
+            phases = [asyncio.run(priority_phase(ports, keys, n, args.seconds)) for n in (0, batch_share, 2 * batch_share)]
             unloaded = phases[0]["ttft_p90"]
             for phase in phases:
                 ratio = phase["ttft_p90"] / unloaded if unloaded and phase["ttft_p90"] else float("nan")
