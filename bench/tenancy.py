@@ -65,7 +65,7 @@ Stack, free_port, session_cpu, wait_http = _helpers.Stack, _helpers.free_port, _
 
 DB_NAME = "llmgw_bench_tenancy"
 HOST = "127.0.0.1"
-FAST, SLOW = "sim-fast", "sim-batch8"
+FAST, SLOW = "sim-fast", "sim-batch"
 _USAGE = re.compile(rb'"prompt_tokens":\s*(\d+).*?"completion_tokens":\s*(\d+)', re.DOTALL)
 
 _SIM = """
