@@ -71,15 +71,19 @@ def test_new_weights_are_staged_before_any_replacement_and_a_bad_source_fails_wi
             catalog_apply(entries=[{**entry, "source": {"kind": "http", "url": v2}}])
 
             def staged():
+                # The replicas first, the rollout after: the rollout says "staged" before any
+                # replacement is made, so a replacement seen here with the rollout still staging
+                # is a fault, not a read that straddled the moment staging ended.
+                replaced = Replica.objects.filter(revision__number=2).exists()
+                ready = {r.pk for r in Replica.objects.filter(status=ReplicaStatus.READY)}
+                now = {pk: _engine_pids(cluster, r) for pk, r in originals.items()}
                 r = Rollout.objects.first()
                 if r is None or (r.staging or {}).get("done"):
                     return r is not None
                 # While it stages: no replacement, the originals serving, unrestarted.
                 if r.waiting_for:
                     waits.append(r.waiting_for)
-                ready = {r.pk for r in Replica.objects.filter(status=ReplicaStatus.READY)}
-                now = {pk: _engine_pids(cluster, r) for pk, r in originals.items()}
-                if Replica.objects.filter(revision__number=2).exists() or ready != set(originals) or now != pids:
+                if replaced or ready != set(originals) or now != pids:
                     meanwhile.append((r.staging, ready, now))
                 return False
             meanwhile = []
