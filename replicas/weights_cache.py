@@ -58,10 +58,16 @@ def weights_key(model: CatalogEntry) -> str:
 
 
 def weights_need(model: CatalogEntry) -> WeightsNeed | None:
-    if not model.manifest:
+    """What a model's weights ask of a node (None: not managed): of its
+    current revision, or of a replica's launch (``revisions.Launch``)."""
+    return weights_need_of(model.name, model.manifest)
+
+
+def weights_need_of(name: str, manifest: dict[str, Any]) -> WeightsNeed | None:
+    if not manifest:
         return None
-    return WeightsNeed(key=weights_key(model), total=int(model.manifest.get("total_bytes") or 0),
-                       fetchable=model.manifest.get("kind") in FETCHED)
+    return WeightsNeed(key=weights_key_of(name, manifest), total=int(manifest.get("total_bytes") or 0),
+                       fetchable=manifest.get("kind") in FETCHED)
 
 
 # --- what the nodes hold --------------------------------------------------------------------------

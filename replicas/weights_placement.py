@@ -60,6 +60,15 @@ class WeightsView:
             return False
         return self.need_on(node, need) <= self.room.get(node, 0)
 
+    def may_take(self, node: str, need: WeightsNeed) -> bool:
+        """Whether placement may choose the node for these weights: it holds
+        them, or has room to fetch them and has not failed to lately."""
+        return self.holds(node, need.key) or (self.fits(node, need) and (node, need.key) not in self.failed)
+
+    def copy(self) -> WeightsView:
+        return WeightsView(caches=set(self.caches), holders={k: set(v) for k, v in self.holders.items()},
+                           partial=dict(self.partial), room=dict(self.room), failed=dict(self.failed))
+
     def reserve(self, placement: Placement, need: WeightsNeed) -> None:
         """The placement's nodes will fetch the weights: their room shrinks
         now, so that the next placement of the batch sees it."""
@@ -87,7 +96,7 @@ def place_weights(request: PlacementRequest, snapshot: ClusterSnapshot, view: We
         among = place(request, _restricted(snapshot, holders))
         if isinstance(among, Placement):
             return among
-    candidates = {n for n in snapshot.nodes if view.fits(n, need) and (n, need.key) not in view.failed}
+    candidates = {n for n in snapshot.nodes if view.may_take(n, need)}
     if holders and candidates == holders:
         candidates = set()  # holders alone were tried
     if candidates:
