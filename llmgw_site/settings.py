@@ -302,6 +302,10 @@ LLMGW_ROLLOUT_MAX_FAILURES = env.int("LLMGW_ROLLOUT_MAX_FAILURES", default=3)
 # A rollout to new weights fails (the old revision keeps serving) when a node
 # staging them keeps an error this many seconds (replicas/rollout_weights.py).
 LLMGW_ROLLOUT_STAGING_GRACE = env.float("LLMGW_ROLLOUT_STAGING_GRACE", default=60.0)
+# A staging replica whose node made no progress fetching its weights this many
+# seconds fails, and a replacement is placed elsewhere (replicas.weights_cache);
+# that node is not chosen for the same weights again for as long.
+LLMGW_STAGING_TIMEOUT = env.float("LLMGW_STAGING_TIMEOUT", default=900.0)
 # A replica fails once an engine of it failed at start this many times (its
 # agent restarts it with a growing delay in between: crash-loop backoff).
 LLMGW_ENGINE_START_ATTEMPTS = env.int("LLMGW_ENGINE_START_ATTEMPTS", default=5)

@@ -16,9 +16,17 @@ it must fit on GPUs free now, and never on the nodes being cleared). Only
 single-node replicas move: they cross no fabric boundary, and ``place`` keeps
 every placement inside one fabric anyway.
 
-Cheapest first: the fewest moves, then the fewest GPUs moved, then the
-fewest GPUs left stranded, then names. When no set of moves makes room, the
-answer says why, group by group.
+Managed weights (``replicas.weights_placement``) bind a plan as they bind
+placement: a moved replica goes where ``place_weights`` would put it (holders
+of its weights first, never a node without room for them), and the pending
+replica is given only nodes that may take its own weights. Given no weights
+view, every node may take any weights (a cluster where no node keeps a cache
+manages none).
+
+Cheapest first: the fewest moves, then the fewest GPUs moved, then the most
+nodes that already hold the pending replica's weights, then the fewest GPUs
+left stranded, then names. When no set of moves makes room, the answer says
+why, group by group.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from .placement import (
     Unplaceable,
     place,
 )
+from .weights_placement import WeightsNeed, WeightsView, place_weights
 
 # How a pending replica's reason says that room is being made for it, after
 # the placement's own reason (the scheduler keeps it; a drain does not call
@@ -57,6 +66,7 @@ class Movable:
     model: str
     node: str
     gpus: tuple[int, ...]
+    weights: WeightsNeed | None = None  # its revision's managed weights, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,43 +119,60 @@ def _group_nodes(snapshot: ClusterSnapshot, key: str | None) -> list[str]:
     return [name for bucket in snapshot._groups[key].buckets for name in bucket]
 
 
-def _clear_group(request, snapshot, key, by_node):
+def _clear_group(request, snapshot, key, by_node, view, need):
     """The k cheapest nodes of a group to clear, with their evictions, or a reason."""
-    need, k = request.gpus_per_node, request.nodes
+    gpus, k = request.gpus_per_node, request.nodes
     options = []
-    eligible = 0
+    eligible = no_weights = 0
     for name in _group_nodes(snapshot, key):
         node = snapshot.nodes[name]
-        if node.total_gpus < need:
+        if node.total_gpus < gpus:
+            continue
+        if view is not None and need is not None and not view.may_take(name, need):
+            no_weights += 1
             continue
         eligible += 1
+        # Holders of the pending replica's weights first, at equal moves: it starts without a download.
+        fetch = int(view is not None and need is not None and not view.holds(name, need.key))
         free = len(node.free_gpus)
-        if free >= need:
-            options.append(((0, 0, free - need, name), name, ()))
+        if free >= gpus:
+            options.append(((0, 0, fetch, free - gpus, name), name, ()))
             continue
-        evicted = _evictions(by_node.get(name, []), need - free)
+        evicted = _evictions(by_node.get(name, []), gpus - free)
         if evicted is not None:
             moved = sum(len(m.gpus) for m in evicted)
-            options.append(((len(evicted), moved, free + moved - need, name), name, evicted))
+            options.append(((len(evicted), moved, fetch, free + moved - gpus, name), name, evicted))
     label = key or "fabric-less nodes"
+    without = f" (and {no_weights} without room for {need.key})" if no_weights else ""
     if eligible < k:
-        return None, f"{label}: {eligible} schedulable node(s) of {need}+ GPUs"
+        return None, f"{label}: {eligible} schedulable node(s) of {gpus}+ GPUs{without}"
     if len(options) < k:
-        return None, f"{label}: only {len(options)} node(s) could be cleared to {need} free"
+        return None, f"{label}: only {len(options)} node(s) could be cleared to {gpus} free{without}"
     options.sort()
     chosen = options[:k]
-    cost = (sum(o[0][0] for o in chosen), sum(o[0][1] for o in chosen), sum(o[0][2] for o in chosen))
+    cost = tuple(sum(o[0][i] for o in chosen) for i in range(4))
     return (cost, tuple(sorted(o[1] for o in chosen)), [m for o in chosen for m in o[2]]), ""
 
 
-def _destinations(snapshot, nodes, evicted) -> list[Move] | str:
-    """Where each evicted replica goes, on GPUs free now and off ``nodes``."""
+def _destinations(snapshot, nodes, evicted, view) -> list[Move] | str:
+    """Where each evicted replica goes, on GPUs free now and off ``nodes``;
+    one with managed weights where ``place_weights`` would put it."""
     trial = snapshot.copy()
     for name in nodes:
         trial.withhold(name)
+    room = view.copy() if view is not None else None  # reserved as the plan goes, the caller's left alone
     moves = []
     for movable in sorted(evicted, key=lambda m: (-len(m.gpus), m.replica)):
-        result = place(PlacementRequest(movable.model, 1, len(movable.gpus)), trial)
+        request = PlacementRequest(movable.model, 1, len(movable.gpus))
+        if movable.weights is not None and room is not None:
+            result = place_weights(request, trial, room, movable.weights)
+            if isinstance(result, Placement):
+                room.reserve(result, movable.weights)
+            elif isinstance(place(request, trial), Placement):
+                return (f"{movable.model} replica {movable.replica} ({len(movable.gpus)} GPUs) would fit nowhere "
+                        f"else that holds or has room for its weights ({movable.weights.key})")
+        else:
+            result = place(request, trial)
         if isinstance(result, Unplaceable):
             return f"{movable.model} replica {movable.replica} ({len(movable.gpus)} GPUs) would fit nowhere else"
         trial.allocate(result)
@@ -153,12 +180,15 @@ def _destinations(snapshot, nodes, evicted) -> list[Move] | str:
     return moves
 
 
-def plan_room(request: PlacementRequest, snapshot: ClusterSnapshot, movable: Iterable[Movable]) -> RoomPlan | NoRoom:
+def plan_room(request: PlacementRequest, snapshot: ClusterSnapshot, movable: Iterable[Movable], *,
+              view: WeightsView | None = None, need: WeightsNeed | None = None) -> RoomPlan | NoRoom:
     """The cheapest set of moves after which ``request`` fits, or why none does.
 
     ``movable`` lists the replicas that may move; those of the request's own
     model, of more than one node, or not smaller than the request are left
     alone. Call it only for a request that ``place`` cannot place now.
+    ``view`` is the nodes' weights caches and ``need`` the request's own
+    weights (None: not managed): neither is changed.
     """
     total = request.nodes * request.gpus_per_node
     by_node: dict[str, list[Movable]] = {}
@@ -173,7 +203,7 @@ def plan_room(request: PlacementRequest, snapshot: ClusterSnapshot, movable: Ite
         keys = sorted(snapshot._groups, key=lambda key: (key is not ISLAND, key or ""))
     candidates, reasons = [], []
     for key in keys:
-        cleared, why = _clear_group(request, snapshot, key, by_node)
+        cleared, why = _clear_group(request, snapshot, key, by_node, view, need)
         if cleared is None:
             reasons.append(why)
             continue
@@ -181,7 +211,7 @@ def plan_room(request: PlacementRequest, snapshot: ClusterSnapshot, movable: Ite
         candidates.append((cost, key or "", key, nodes, evicted))
     candidates.sort(key=lambda c: (c[0], c[1]))
     for _, _, key, nodes, evicted in candidates:
-        moves = _destinations(snapshot, nodes, evicted)
+        moves = _destinations(snapshot, nodes, evicted, view)
         if isinstance(moves, str):
             reasons.append(f"{key or 'fabric-less nodes'}: {moves}")
             continue

@@ -10,6 +10,11 @@ So the moved replica's model never has fewer ready replicas than before.
 Level-triggered, from the reconcile: ``moves_step`` finishes the moves whose
 replacements are ready, and plans new ones only when none is in flight, at
 most ``LLMGW_DEFRAG_MAX_MOVES`` at once. ``LLMGW_DEFRAG=0`` turns it off.
+
+Managed weights bind a move as they bind placement: a moved replica goes
+where its revision's weights are, or where there is room to fetch them (its
+replacement stages them first), and the pending replica is given only nodes
+that may take its own (``defrag.plan_room`` reads the nodes' caches).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from nodes.models import Node
 
 from . import defrag, placement
 from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
-from .models import CatalogEntry, Member, Replica
-from .revisions import replica_launch
+from .models import CatalogEntry, Member, ModelRevision, Replica
+from .revisions import replica_launch, revision_manifest
 from .scheduling import PlacementConflict, cluster_snapshot, placements_persist
 from .services import replica_transition
+from .weights_cache import weights_need, weights_need_of, weights_view
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +76,15 @@ def moves_finish() -> int:
 
 def _movable() -> list[defrag.Movable]:
     single = Q(replica__revision__isnull=True, replica__model__nodes=1) | Q(replica__revision__spec__nodes=1)
-    rows = Member.objects.filter(single, replica__status=ReplicaStatus.READY, replica__draining=False).values_list("replica_id", "replica__model__name", "node__name", "gpus")
-    return [defrag.Movable(replica_id, model, node, tuple(gpus)) for replica_id, model, node, gpus in rows]
+    rows = list(Member.objects.filter(single, replica__status=ReplicaStatus.READY, replica__draining=False).values_list(
+        "replica_id", "replica__model_id", "replica__revision_id", "node__name", "gpus"))
+    # Each replica's weights are its revision's (a few models and revisions, read once each).
+    models = CatalogEntry.objects.in_bulk({row[1] for row in rows})
+    revisions = ModelRevision.objects.in_bulk({row[2] for row in rows if row[2] is not None})
+    needs = {(m, r): weights_need_of(models[m].name, revision_manifest(revisions.get(r), models[m]))
+             for _, m, r, _, _ in rows}
+    return [defrag.Movable(replica_id, models[model_id].name, node, tuple(gpus), needs[(model_id, revision_id)])
+            for replica_id, model_id, revision_id, node, gpus in rows]
 
 
 def _note(replica: Replica, base: str, note: str, severity: str = EventSeverity.WARNING) -> None:
@@ -136,13 +149,17 @@ def moves_plan() -> int:
         return 0
     snapshot = cluster_snapshot()
     movable = _movable()
+    view = None  # the nodes' weights caches, read once managed weights are in play
     for replica in pending:
         model = replica_launch(replica)
         request = placement.PlacementRequest(model.name, model.nodes, model.gpus_per_node)
         result = placement.place(request, snapshot)
         if not isinstance(result, placement.Unplaceable) or result.never:
             continue
-        plan = defrag.plan_room(request, snapshot, movable)
+        need = weights_need(model)
+        if view is None and (need is not None or any(m.weights is not None for m in movable)):
+            view = weights_view()
+        plan = defrag.plan_room(request, snapshot, movable, view=view, need=need)
         if isinstance(plan, defrag.NoRoom) or not plan.moves:
             reason = plan.reason if isinstance(plan, defrag.NoRoom) else "nothing to move"
             _note(replica, result.reason, GIVE_UP + reason)

@@ -9,7 +9,11 @@
   goes ``scheduled -> staging``; ``replicas_staging_advance`` moves it on to
   ``starting`` once every node of it holds them (its members then reach the
   agents: ``replicas.selectors.node_desired_members`` leaves out those of a
-  staging replica), from the heartbeat hook and from every reconcile;
+  staging replica), from the heartbeat hook and from every reconcile; or
+  fails it when a node of it cannot stage them (``staging_verdict``, pure:
+  ``no space``, or no progress for ``LLMGW_STAGING_TIMEOUT``), so that the
+  reconcile places a replacement, and ``weights_view`` keeps that node from
+  being chosen for the same weights for as long;
 - ``node_desired_weights`` (a ``nodes.hooks`` provider): the weights a node
   should hold: those of its members, of spares and stagings asked for
   (``replicas.weights_spares``), and the in-place sources it should look for.
@@ -17,12 +21,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections import defaultdict
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from core.choices import EventSeverity
 from core.events import event_record
@@ -31,14 +38,17 @@ from nodes.services import nodes_desired_changed
 
 from .choices import PLACED, ReplicaEventKind, ReplicaStatus
 from .models import CachedWeights, CatalogEntry, Member, NodeCache, Replica, StagedWeights
-from .services import replica_transition
+from .services import replica_fail, replica_transition
 from .revisions import revision_manifest, weights_key_of
 from .weights import FETCHED
-from .weights_placement import WeightsNeed, WeightsView
+from .weights_placement import WeightsNeed, WeightsView, size_text
 
 logger = logging.getLogger(__name__)
 
 MILESTONES = (25, 50, 75)
+# An agent's error that waiting will not fix: its cache has no room for the
+# weights and nothing it may evict (agent.weights).
+NO_SPACE = "no space"
 
 
 def weights_key(model: CatalogEntry) -> str:
@@ -48,10 +58,16 @@ def weights_key(model: CatalogEntry) -> str:
 
 
 def weights_need(model: CatalogEntry) -> WeightsNeed | None:
-    if not model.manifest:
+    """What a model's weights ask of a node (None: not managed): of its
+    current revision, or of a replica's launch (``revisions.Launch``)."""
+    return weights_need_of(model.name, model.manifest)
+
+
+def weights_need_of(name: str, manifest: dict[str, Any]) -> WeightsNeed | None:
+    if not manifest:
         return None
-    return WeightsNeed(key=weights_key(model), total=int(model.manifest.get("total_bytes") or 0),
-                       fetchable=model.manifest.get("kind") in FETCHED)
+    return WeightsNeed(key=weights_key_of(name, manifest), total=int(manifest.get("total_bytes") or 0),
+                       fetchable=manifest.get("kind") in FETCHED)
 
 
 # --- what the nodes hold --------------------------------------------------------------------------
@@ -94,7 +110,25 @@ def weights_view() -> WeightsView:
     for node, free in NodeCache.objects.values_list("node__name", "free_bytes"):
         view.caches.add(node)
         view.room[node] = free + evictable[node]
+    view.failed = staging_failures()
     return view
+
+
+def staging_failures(*, now: float | None = None) -> dict[tuple[str, str], str]:
+    """{(node, key): why}: nodes that could not stage these weights for a
+    replica within the last LLMGW_STAGING_TIMEOUT; not chosen for them again
+    meanwhile (a stalled link or a full cache is likely to be so still)."""
+    now = time.time() if now is None else now
+    window = settings.LLMGW_STAGING_TIMEOUT
+    since = timezone.now() - dt.timedelta(seconds=window)
+    failed: dict[tuple[str, str], str] = {}
+    for state in Replica.objects.filter(status__in=[ReplicaStatus.FAILED, ReplicaStatus.STOPPED],
+                                        status_changed_at__gte=since, staging__has_key="failed"
+                                        ).values_list("staging", flat=True):
+        what = state["failed"]
+        if now - float(what.get("at") or 0) < window:
+            failed[(what["node"], state.get("key", ""))] = what.get("cause", "")
+    return failed
 
 
 def node_weights_report(*, node_name: str, report: dict[str, Any] | None) -> None:
@@ -160,8 +194,8 @@ def replicas_staging_begin(*, replicas: list[Replica]) -> None:
         )
         Replica.objects.filter(pk=replica.pk).update(staging={
             "key": key, "bytes": 0, "total": total * len(missing), "rate": 0.0, "eta": None,
-            "started": time.time(), "nodes": {n: {"bytes": 0, "total": total, "rate": 0.0, "error": ""}
-                                             for n in missing}})
+            "started": time.time(), "nodes": {n: {"bytes": 0, "total": total, "rate": 0.0, "error": "",
+                                                  "progressed": time.time()} for n in missing}})
 
 
 def staging_progress(*, node_name: str, report: dict[str, Any]) -> None:
@@ -177,8 +211,11 @@ def staging_progress(*, node_name: str, report: dict[str, Any]) -> None:
         before = nodes[node_name]
         now = {"bytes": entry["total"] if entry["complete"] else entry["bytes"],
                "total": entry["total"] or before.get("total", 0), "rate": entry["rate"], "error": entry["error"][:1000]}
-        if now == before:
+        if all(before.get(k) == v for k, v in now.items()):
             continue
+        # When it last fetched more: a node stalled that long gives up (staging_verdict).
+        progressed = now["bytes"] > before.get("bytes", 0) or entry["complete"]
+        now["progressed"] = time.time() if progressed else before.get("progressed", state.get("started"))
         nodes[node_name] = now
         done = sum(n["bytes"] for n in nodes.values())
         total = sum(n["total"] for n in nodes.values())
@@ -204,15 +241,42 @@ def staging_progress(*, node_name: str, report: dict[str, Any]) -> None:
                          f"{state['key']}: {now['error']}", data={"replica": replica.pk, "node": node_name})
 
 
-def replicas_staging_advance() -> list[int]:
+def staging_verdict(*, key: str, nodes: dict[str, dict[str, Any]], holding: set[str], now: float,
+                    timeout: float, started: float | None = None) -> tuple[str, str] | None:
+    """(node, cause) when a staging replica gives up, or None while it may
+    go on (pure). ``nodes`` is its ``staging["nodes"]``: what each node last
+    reported. A node that holds the weights is done; one whose cache has no
+    room for them (``no space``) gives up at once; one that has fetched
+    nothing more for ``timeout`` seconds (since ``started`` when it never
+    said), whatever it says, gives up then."""
+    for name, node in sorted(nodes.items()):
+        if name in holding:
+            continue
+        error = node.get("error") or ""
+        if error.startswith(NO_SPACE):
+            return name, error
+        progressed = node.get("progressed", started)
+        if progressed is not None and now - progressed >= timeout:
+            fetched = f"{size_text(int(node.get('bytes') or 0))} of {size_text(int(node.get('total') or 0))}"
+            cause = (f"no progress for {now - progressed:.0f}s (LLMGW_STAGING_TIMEOUT), {fetched} fetched"
+                     + (f"; last error: {error}" if error else ""))
+            return name, cause
+    return None
+
+
+def replicas_staging_advance(*, now: float | None = None) -> list[int]:
     """staging -> starting for every replica whose nodes all hold its
-    weights; its members then reach the agents. Level-triggered: the
-    heartbeat hook and every reconcile call it."""
+    weights; its members then reach the agents. staging -> failed for one
+    that a node of it cannot stage (``staging_verdict``): the reconcile
+    enqueued on commit places its replacement, elsewhere. Level-triggered:
+    the heartbeat hook and every reconcile call it."""
     advanced = []
     for replica in Replica.objects.filter(status=ReplicaStatus.STAGING).select_related("model", "revision"):
         key = weights_key_of(replica.model.name, revision_manifest(replica.revision, replica.model))
         nodes = set(replica.members.values_list("node__name", flat=True))
-        if key and nodes - _holding(nodes, key):
+        holding = _holding(nodes, key) if key else nodes
+        if nodes - holding:
+            _staging_give_up(replica, key=key, holding=holding, now=time.time() if now is None else now)
             continue
         with transaction.atomic():
             started = (replica.staging or {}).get("started")
@@ -226,6 +290,24 @@ def replicas_staging_advance() -> list[int]:
                 nodes_desired_changed(node_names=sorted(nodes))
                 advanced.append(replica.pk)
     return advanced
+
+
+def _staging_give_up(replica: Replica, *, key: str, holding: set[str], now: float) -> None:
+    state = replica.staging or {}
+    verdict = staging_verdict(key=key, nodes=state.get("nodes") or {}, holding=holding, now=now,
+                              timeout=settings.LLMGW_STAGING_TIMEOUT, started=state.get("started"))
+    if verdict is None:
+        return
+    node, cause = verdict
+    with transaction.atomic():
+        # Its own row only (a status change); the reconcile on commit makes
+        # the replacement, which staging_failures keeps off this node.
+        failed = replica_fail(replica_id=replica.pk,
+                              reason=f"{node} cannot stage {key}: {cause}; a replacement is placed elsewhere")
+        if failed is not None:
+            Replica.objects.filter(pk=replica.pk).update(
+                staging={**state, "failed": {"node": node, "cause": cause[:1000], "at": now}})
+            logger.warning("staging gave up replica=%s node=%s key=%s: %s", replica.pk, node, key, cause)
 
 
 # --- what a node should hold ----------------------------------------------------------------------

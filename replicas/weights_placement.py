@@ -6,8 +6,10 @@ nodes that already hold its weights come first: the replica is placed among
 them alone when it fits there, else among them and the nodes with room to
 fetch the weights. A node without room for them (free space plus what it may
 evict: revisions no replica there uses) is not a candidate, and the reason a
-replica stays pending says so. Weights that cannot be fetched (a source of
-kind ``none``, or a shared path) go only to nodes that report them.
+replica stays pending says so; nor is a node that lately could not stage
+them for a replica (``WeightsView.failed``: no space, or no progress). Weights
+that cannot be fetched (a source of kind ``none``, or a shared path) go only
+to nodes that report them.
 
 No Django here: ``replicas.scheduling`` builds the view with the snapshot.
 """
@@ -37,6 +39,10 @@ class WeightsView:
     holders: dict[str, set[str]] = field(default_factory=dict)  # key -> nodes holding it complete
     partial: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, key) -> bytes so far
     room: dict[str, int] = field(default_factory=dict)  # node -> free bytes plus what it may evict
+    # (node, key) -> why it could not stage them for a replica lately
+    # (replicas.weights_cache.staging_failures): placement passes it by for
+    # them meanwhile; spares and staging by hand do not (an operator may know better).
+    failed: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def holds(self, node: str, key: str) -> bool:
         return node in self.holders.get(key, ())
@@ -53,6 +59,15 @@ class WeightsView:
         if not need.fetchable or node not in self.caches:
             return False
         return self.need_on(node, need) <= self.room.get(node, 0)
+
+    def may_take(self, node: str, need: WeightsNeed) -> bool:
+        """Whether placement may choose the node for these weights: it holds
+        them, or has room to fetch them and has not failed to lately."""
+        return self.holds(node, need.key) or (self.fits(node, need) and (node, need.key) not in self.failed)
+
+    def copy(self) -> WeightsView:
+        return WeightsView(caches=set(self.caches), holders={k: set(v) for k, v in self.holders.items()},
+                           partial=dict(self.partial), room=dict(self.room), failed=dict(self.failed))
 
     def reserve(self, placement: Placement, need: WeightsNeed) -> None:
         """The placement's nodes will fetch the weights: their room shrinks
@@ -81,7 +96,7 @@ def place_weights(request: PlacementRequest, snapshot: ClusterSnapshot, view: We
         among = place(request, _restricted(snapshot, holders))
         if isinstance(among, Placement):
             return among
-    candidates = {n for n in snapshot.nodes if view.fits(n, need)}
+    candidates = {n for n in snapshot.nodes if view.may_take(n, need)}
     if holders and candidates == holders:
         candidates = set()  # holders alone were tried
     if candidates:
@@ -100,12 +115,18 @@ def _reason(request: PlacementRequest, snapshot: ClusterSnapshot, view: WeightsV
         return (f"needs nodes that hold {need.key} (weights placed by hand, no source to fetch them from): "
                 f"{where} reports them, without the free GPUs; place them on more nodes or free GPUs there")
     no_cache = [n for n in fits_gpus if n not in view.caches]
+    failed = [n for n in fits_gpus if (n, need.key) in view.failed and view.fits(n, need) and not view.holds(n, need.key)]
     short = [n for n in fits_gpus if n in view.caches and not view.fits(n, need)]
     parts = [f"needs {size_text(need.total)} of weights space ({need.key}) on each node"]
     if short:
         shown = ", ".join(f"{n}: {size_text(view.room.get(n, 0))} free" for n in short[:NAMED])
         more = f" and {len(short) - NAMED} more" if len(short) > NAMED else ""
         parts.append(f"nodes with free GPUs but too little free space for the weights: {shown}{more}")
+    if failed:
+        shown = ", ".join(f"{n} ({view.failed[(n, need.key)]})" for n in failed[:NAMED])
+        more = f" and {len(failed) - NAMED} more" if len(failed) > NAMED else ""
+        parts.append(f"nodes with free GPUs that could not stage them lately (tried again after "
+                     f"LLMGW_STAGING_TIMEOUT): {shown}{more}")
     if no_cache:
         shown = ", ".join(no_cache[:NAMED]) + (f" and {len(no_cache) - NAMED} more" if len(no_cache) > NAMED else "")
         parts.append(f"nodes with free GPUs that keep no weights cache (agent.yaml 'weights'): {shown}")

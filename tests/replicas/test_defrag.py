@@ -7,6 +7,7 @@ import yaml
 from cli.demo import SAMPLE_CATALOG
 from replicas.defrag import Movable, NoRoom, RoomPlan, plan_room
 from replicas.placement import ClusterSnapshot, ExistingReplica, Placement, PlacementRequest, Unplaceable, place
+from replicas.weights_placement import WeightsNeed, WeightsView
 
 from .test_scheduler import node
 
@@ -93,3 +94,60 @@ def test_a_single_node_replica_can_get_room_on_an_island():
     plan = plan_room(PlacementRequest("big", 1, 8), snapshot, [Movable(1, "q", "i1", (5, 6, 7))])
     assert isinstance(plan, RoomPlan) and plan.fabric is None and plan.nodes == ("i1",)
     assert plan.moves[0].destination.nodes == ("i2",)
+
+
+# --- managed weights: the same rule as place_weights ----------------------------------------------
+
+Q_WEIGHTS = WeightsNeed(key="q@r1", total=100)
+BIG_WEIGHTS = WeightsNeed(key="big@r1", total=1000)
+
+
+def test_a_moved_replica_goes_where_its_weights_are_or_can_be():
+    # 'b' is the tightest fit for the 1-GPU replica, as plain placement picks it; it keeps no cache.
+    snapshot = ClusterSnapshot([node("a", free=7), node("b", free=1), node("c", free=4), node("d", free=6)])
+    moved = [Movable(1, "q", "a", (7,), Q_WEIGHTS)]
+    request = PlacementRequest("big", 1, 8)
+    assert plan_room(request, snapshot, moved).moves[0].destination.nodes == ("b",)
+
+    holder = WeightsView(caches={"c", "d"}, holders={"q@r1": {"d"}}, room={"c": 500, "d": 0})
+    view = WeightsView(caches=set(holder.caches), holders={}, room=dict(holder.room))
+    # A holder first, over a tighter fit with room; else a node with room; never 'b'.
+    assert plan_room(request, snapshot, moved, view=holder).moves[0].destination.nodes == ("d",)
+    assert plan_room(request, snapshot, moved, view=view).moves[0].destination.nodes == ("c",)
+    assert view.room == {"c": 500, "d": 0} and not view.partial  # the caller's view is left as it was
+
+    view.room["c"] = 50
+    plan = plan_room(request, snapshot, moved, view=view)
+    assert isinstance(plan, NoRoom)
+    assert plan.reason == ("no set of moves makes room (fabric-less nodes: q replica 1 (1 GPUs) would fit nowhere "
+                           "else that holds or has room for its weights (q@r1))")
+    # A replica whose weights are not managed goes anywhere it fits.
+    plain = [Movable(1, "q", "a", (7,))]
+    assert plan_room(request, snapshot, plain, view=view).moves[0].destination.nodes == ("b",)
+
+
+def test_two_moved_replicas_do_not_count_the_same_room_twice():
+    snapshot = ClusterSnapshot([node("a", free=6), node("c", free=4), node("d", free=4)])
+    moved = [Movable(1, "q", "a", (6,), Q_WEIGHTS), Movable(2, "r", "a", (7,), WeightsNeed("r@r1", 100))]
+    view = WeightsView(caches={"c", "d"}, room={"c": 150, "d": 150})
+    plan = plan_room(PlacementRequest("big", 1, 8), snapshot, moved, view=view)
+    assert isinstance(plan, RoomPlan)
+    assert sorted(m.destination.nodes[0] for m in plan.moves) == ["c", "d"]
+
+
+def test_room_is_made_only_on_nodes_that_may_take_the_pending_replicas_weights():
+    snapshot = ClusterSnapshot([node("p1", free=7), node("p2", free=7), node("s", free=2)])
+    moved = [Movable(1, "q", "p1", (7,)), Movable(2, "q", "p2", (7,))]
+    request = PlacementRequest("big", 1, 8)
+    assert plan_room(request, snapshot, moved).nodes == ("p1",)  # by name, all else equal
+    both = {"p1": 10**6, "p2": 10**6, "s": 10**6}
+    assert plan_room(request, snapshot, moved, view=WeightsView(caches={"p2", "s"}, room=both),
+                     need=BIG_WEIGHTS).nodes == ("p2",)
+    # Both may: the one that holds them, so that it starts without a download.
+    view = WeightsView(caches={"p1", "p2", "s"}, holders={"big@r1": {"p2"}}, room=both)
+    assert plan_room(request, snapshot, moved, view=view, need=BIG_WEIGHTS).nodes == ("p2",)
+    # Neither may: the reason says so.
+    plan = plan_room(request, snapshot, moved, view=WeightsView(caches={"s"}, room=both), need=BIG_WEIGHTS)
+    assert isinstance(plan, NoRoom)
+    assert plan.reason == ("no set of moves makes room (fabric-less nodes: only 0 node(s) could be cleared to 8 free "
+                           "(and 2 without room for big@r1))")

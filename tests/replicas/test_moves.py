@@ -14,7 +14,8 @@ from nodes.services import node_transition
 from replicas import reconcile, services
 from replicas.catalog import catalog_apply
 from replicas.choices import PLACED, ReplicaStatus
-from replicas.models import Member, Replica
+from replicas.models import Member, ModelRevision, Replica
+from replicas.weights_cache import node_weights_report
 
 from .test_services import _no_settle, _placement, _report, seeds_cluster  # noqa: F401 - fixtures
 
@@ -162,3 +163,33 @@ def test_gpus_freed_by_a_stopped_replica_trigger_a_reconcile(demo, no_reconcile_
         _report(qwen.members.get().node, **{m.member_id: (None, False) for m in qwen.members.all()})
     assert Replica.objects.get(pk=qwen.pk).status == ReplicaStatus.STOPPED
     assert 0.0 in asked, "no reconcile asked for at once when the GPUs were freed"
+
+
+def test_a_replica_with_managed_weights_moves_only_where_they_are_or_can_be(demo):
+    """As if qwen's weights were managed: node01, where the move would put
+    its replica, keeps no weights cache, so no move is made; once node01
+    holds them, the move goes there and the replacement starts without staging."""
+    manifest = {"kind": "http", "revision": "r1", "total_bytes": 3000,
+                "files": [{"name": "w.bin", "size": 3000, "sha256": "a" * 64, "url": "http://127.0.0.1:9/w.bin"}]}
+    for revision in ModelRevision.objects.filter(model__name="qwen-7b-sim"):
+        revision.spec = {**revision.spec, "source": {"kind": "http", "url": "http://127.0.0.1:9/"}}
+        revision.manifest = manifest
+        revision.save(update_fields=["spec", "manifest"])
+    _lose(demo, "node02")
+    reconcile.replicas_reconcile()
+
+    assert not Replica.objects.filter(draining=True).exists()
+    llama = Replica.objects.get(model__name="llama-70b-sim", status=ReplicaStatus.PENDING)
+    assert ("ib-b: qwen-7b-sim replica" in llama.pending_reason and "(1 GPUs) would fit nowhere else that holds "
+            "or has room for its weights (qwen-7b-sim@r1)" in llama.pending_reason), llama.pending_reason
+
+    node_weights_report(node_name="node01", report={
+        "free_bytes": 0, "budget_bytes": 10**6, "used_bytes": 3000, "downloads": 0,
+        "models": [{"model": "qwen-7b-sim", "revision": "r1", "bytes": 3000, "total": 3000, "complete": True,
+                    "rate": 0.0, "error": ""}]})
+    reconcile.replicas_reconcile()
+    original = Replica.objects.get(model__name="qwen-7b-sim", draining=True)
+    assert set(_placement(original)) == {"node03"}
+    # node01 holds the weights: scheduled, no staging.
+    replacement = Replica.objects.get(model__name="qwen-7b-sim", status=ReplicaStatus.SCHEDULED)
+    assert set(_placement(replacement)) == {"node01"}
