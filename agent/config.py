@@ -27,7 +27,7 @@ from .durations import BadDuration, parse_duration
 from .engine_user import engine_user_problem
 from .identity import cert_window
 from .protocol import FABRIC_NAME_RE, HCA_NAME_RE, NODE_ID_RE, mgmt_addr_problem
-from .weights_files import WeightsConfig
+from .weights_files import HF_ENDPOINT, WeightsConfig, read_token
 
 CONFIG_EXIT_STATUS = 2
 USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
@@ -121,7 +121,7 @@ TOP_KEYS = (
     "reconnect_base", "reconnect_max", "fabrics", "discovery", "supervisor", "engine_user", "telemetry", "weights",
 )
 TELEMETRY_KEYS = ("source", "interval", "sim_dir")
-WEIGHTS_KEYS = ("cache_dir", "budget", "downloads", "bandwidth", "verify_on_start")
+WEIGHTS_KEYS = ("cache_dir", "budget", "downloads", "bandwidth", "verify_on_start", "hf_endpoint", "hf_token_file")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
 TLS_KEYS = ("ca", "cert", "key")
 FABRIC_KEYS = ("name", "hcas")
@@ -342,8 +342,25 @@ def _read_weights(r: _Reader, value: Any) -> WeightsConfig | None:
     if downloads > 64:
         r.error("weights.downloads", f"{downloads} files at once is more than 64; give fewer")
     verify = r.boolean(data, "verify_on_start", "weights.verify_on_start", True)
+    hf_endpoint = r.string(data, "hf_endpoint", "weights.hf_endpoint", default=HF_ENDPOINT).rstrip("/")
+    parts = urlsplit(hf_endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        r.error("weights.hf_endpoint", f"{hf_endpoint[:120]!r} is not an http(s) URL without credentials, "
+                "e.g. https://huggingface.co or the mirror the catalog's sources name")
+    token_text = r.string(data, "hf_token_file", "weights.hf_token_file", default="")
+    token_file = r.path(token_text) if token_text else None
+    if token_file is not None:
+        # Checked here so that a missing token stops the agent at start, not
+        # each download later; the token itself is read again at each use.
+        try:
+            read_token(token_file)
+        except OSError as exc:
+            detail = f"{token_file}: {exc.strerror}" if exc.strerror else str(exc)
+            r.error("weights.hf_token_file", f"{detail}; put the hub token there (one line, "
+                    "readable by the agent only: chmod 600)")
     return WeightsConfig(cache_dir=cache_dir, budget_bytes=budget or 0, downloads=downloads,
-                         bandwidth=bandwidth or 0, verify_on_start=verify)
+                         bandwidth=bandwidth or 0, verify_on_start=verify, hf_endpoint=hf_endpoint,
+                         hf_token_file=token_file)
 
 
 def _read_tls(r: _Reader, value: Any) -> TlsConfig:

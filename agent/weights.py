@@ -42,7 +42,9 @@ from typing import Callable
 import httpx
 
 from .protocol import CachedModel, DesiredWeights, WeightsFile, WeightsReport
-from .weights_files import RateLimiter, WeightsConfig, desired_problem, file_size, present, sha256_of, tree_size
+from .weights_files import (
+    HubCredentials, RateLimiter, WeightsConfig, desired_problem, file_size, present, sha256_of, tree_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,8 @@ class WeightsCache:
         # trust_env: a node's HTTP(S)_PROXY is for fetching weights.
         self.client = client or httpx.Client(follow_redirects=True, trust_env=True,
                                              timeout=httpx.Timeout(30.0, read=60.0))
+        self.hub = HubCredentials(config.hf_endpoint, config.hf_token_file)
+        self.client.event_hooks["request"].append(self.hub)
         self.limiter = RateLimiter(config.bandwidth)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, config.downloads), thread_name_prefix="weights")
@@ -345,7 +349,7 @@ class WeightsCache:
                 part.unlink(missing_ok=True)
                 raise OSError(f"the server refused the range from {offset}; starting over")
             if response.status_code not in (200, 206):
-                raise OSError(f"HTTP {response.status_code} from the source")
+                raise OSError(self._refusal(f, response.status_code))
             mode = "ab" if response.status_code == 206 else "wb"
             with open(part, mode) as out:
                 for chunk in response.iter_raw():  # as it arrives: a cut link keeps what came
@@ -358,6 +362,15 @@ class WeightsCache:
                 os.fsync(out.fileno())
         if part.stat().st_size < f.size:
             raise OSError(f"the link ended at {part.stat().st_size} of {f.size} bytes")
+
+    def _refusal(self, f: WeightsFile, status: int) -> str:
+        if status not in (401, 403) or not self.hub.is_hub(httpx.URL(f.url)):
+            return f"HTTP {status} from the source"
+        if self.config.hf_token_file is None:
+            return (f"HTTP {status} from the hub: the repository is private or gated; give this agent a token "
+                    "that may read it (weights.hf_token_file in agent.yaml)")
+        return (f"HTTP {status} from the hub: the token in {self.config.hf_token_file} may not read this "
+                "repository (for a gated one, accept its terms with the token's account)")
 
     def _count(self, f: WeightsFile, part: Path, n: int) -> None:
         key = f"{part.parent.parent.name}@{part.parent.name}"

@@ -1,6 +1,6 @@
 """The small parts of the weights cache (agent.weights): its configuration,
-what it accepts from the control plane, a shared bandwidth cap, and file
-helpers (sizes, sha256)."""
+what it accepts from the control plane, the hub's token, a shared bandwidth
+cap, and file helpers (sizes, sha256)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from .protocol import DesiredWeights
 
 PART_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+=-]{0,254}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1024 * 1024
+HF_ENDPOINT = "https://huggingface.co"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,51 @@ class WeightsConfig:
     downloads: int = 2
     bandwidth: int = 0  # bytes per second for all downloads together; 0: no cap
     verify_on_start: bool = True
+    # A private or gated repository's files need the hub's token: read from
+    # this file (the operator places it, as the TLS key) and sent only to
+    # hf_endpoint's origin, never to another source or a redirect's target.
+    hf_endpoint: str = HF_ENDPOINT
+    hf_token_file: Path | None = None
+
+
+def origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the scheme's default when none is given)."""
+    return url.scheme, url.host, url.port or {"http": 80, "https": 443}.get(url.scheme)
+
+
+def read_token(path: Path) -> str:
+    """The token in ``path`` (one line); OSError when it cannot be read or is empty."""
+    token = path.read_text().strip()
+    if not token or any(c.isspace() for c in token):
+        raise OSError(f"{path} does not hold one token on one line")
+    return token
+
+
+class HubCredentials:
+    """An httpx request hook: the hub's token on a request to the hub's
+    origin, and no Authorization header on any other. A hook runs for every
+    hop of a redirect, so a resolve URL redirected to a CDN (the hub does so
+    for LFS files) reaches the CDN without the token, whatever the HTTP
+    library's own redirect rules are. The token is read from its file at each
+    request to the hub: a rotated token is used without a restart."""
+
+    def __init__(self, endpoint: str, token_file: Path | None) -> None:
+        self.hub = origin(httpx.URL(endpoint))
+        self.token_file = token_file
+
+    def is_hub(self, url: httpx.URL) -> bool:
+        return origin(url) == self.hub
+
+    def __call__(self, request: httpx.Request) -> None:
+        if self.token_file is not None and self.is_hub(request.url):
+            try:
+                token = read_token(self.token_file)
+            except OSError as exc:
+                detail = f"{self.token_file}: {exc.strerror}" if exc.strerror else str(exc)
+                raise OSError(f"cannot read weights.hf_token_file ({detail})") from None
+            request.headers["Authorization"] = f"Bearer {token}"
+        else:
+            request.headers.pop("Authorization", None)
 
 
 def file_problem(name: str) -> str:

@@ -20,7 +20,7 @@ from .engines import EngineArgsError, adapter_for, check_entry, check_env
 from .engines.policy import refusal_message
 from .autoscaling.policy import MAX_REPLICAS, PolicyFields
 from .models import MODEL_NAME, CatalogEntry
-from .weights import source_problems
+from .weights import source_problems, source_unknown_keys
 
 # What an operator writes; the other fields are the control plane's.
 ENTRY_FIELDS = ["name", "engine", "weights", "nodes", "gpus_per_node", "replicas", "args", "env", "routing", "autoscale",
@@ -104,6 +104,11 @@ class CatalogEntryFields(StrictInput, serializers.ModelSerializer):
         extra_kwargs = {"name": {"validators": [MODEL_NAME]}}
 
     def validate_source(self, value):
+        # A JSONField, so core.strict does not walk it: its keys depend on its
+        # kind. An unknown one is refused the same way, nested under source.
+        unknown = source_unknown_keys(value)
+        if unknown:
+            raise serializers.ValidationError({key: [message] for key, message in unknown.items()})
         problems = source_problems(value)
         if problems:
             raise serializers.ValidationError(problems)

@@ -18,7 +18,9 @@ A catalog entry's ``source`` is one of:
 - ``{}``: not managed: every node is taken to hold the weights (as before
   sources existed).
 
-``source_problems`` checks the shape (pure); ``source_resolve`` turns a source
+``source_problems`` checks the shape (pure; ``source_unknown_keys`` names a
+key it does not know for the kind, with the close known one suggested, as
+``core.strict`` does for every other key of a catalog entry); ``source_resolve`` turns a source
 into a manifest once, when the catalog is applied, so that a source that
 cannot be resolved is refused then (``SourceUnresolvable``), not found out
 when a node starts to fetch. It does network I/O: call it outside any
@@ -40,6 +42,8 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
+
+from core.strict import unknown_keys
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +82,17 @@ def _url_problem(value: Any, what: str) -> str:
     return ""
 
 
+def source_unknown_keys(source: Any) -> dict[str, str]:
+    """Each key of the source its kind does not know, with its message
+    (``repoo: unknown key; did you mean repo?``); for a kind that is missing
+    or unknown, the keys of every kind are known (``knid`` is close to kind)."""
+    if not isinstance(source, dict):
+        return {}
+    kind = source.get("kind")
+    kinds = [KEYS[kind]] if isinstance(kind, str) and kind in KEYS else list(KEYS.values())
+    return unknown_keys(source, sorted(set().union(*(required | optional for required, optional in kinds))))
+
+
 def source_problems(source: Any) -> list[str]:
     """What is wrong with a source's shape ([] when nothing)."""
     if source in ({}, None):
@@ -85,11 +100,10 @@ def source_problems(source: Any) -> list[str]:
     if not isinstance(source, dict):
         return ["must be a mapping with kind: hf, http, path or none"]
     kind = source.get("kind")
+    problems = [f"{key}: {message}" for key, message in source_unknown_keys(source).items()]
     if kind not in KINDS:
-        return [f"kind must be one of {', '.join(KINDS)}, got {kind!r}"]
-    required, optional = KEYS[kind]
-    problems = [f"unknown key {key!r} for kind {kind} (allowed: {', '.join(sorted(required | optional))})"
-                for key in sorted(set(source) - required - optional)]
+        return [*problems, f"kind must be one of {', '.join(KINDS)}, got {kind!r}"]
+    required, _ = KEYS[kind]
     problems += [f"kind {kind} needs {key!r}" for key in sorted(required - set(source))]
     if problems:
         return problems

@@ -105,6 +105,21 @@ def test_ctl_apply_names_a_key_with_no_close_match(ctl, tmp_path, no_reconcile_e
     assert not CatalogEntry.objects.exists()
 
 
+def test_ctl_apply_refuses_a_typo_inside_the_source_block(ctl, tmp_path, no_reconcile_enqueue):
+    # source: is free-form JSON to the serializer (its keys depend on its kind), and strict all the same.
+    path = tmp_path / "catalog.yaml"
+    path.write_text(ENTRY.format(replicas_key="replicas") + "    source:\n      kind: path\n      pth: /shared/tiny\n")
+    result = ctl("apply", "-f", str(path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "models[0] (tiny): source.pth: unknown key; did you mean path?" in result.stderr
+    assert not CatalogEntry.objects.exists()
+
+    path.write_text(path.read_text().replace("pth:", "path:"))
+    result = ctl("apply", "-f", str(path))
+    assert result.returncode == 0, result.stderr
+    assert CatalogEntry.objects.get(name="tiny").source == {"kind": "path", "path": "/shared/tiny"}
+
+
 # --- the catalog through REST ---------------------------------------------------
 
 

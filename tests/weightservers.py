@@ -6,6 +6,15 @@ their LFS sha256, HEAD and GET on ``/{repo}/resolve/{revision}/{file}``).
 Started by a test (``with WeightsServer() as server``), stopped after; one
 thread per connection, bound to 127.0.0.1 on a free port.
 
+A repository added with ``token=`` is gated: model info and its resolve
+URLs answer 401 (``X-Error-Code: GatedRepo``, as the hub does) unless the
+request carries ``Authorization: Bearer <token>``. With ``cdn`` set to
+another server, a repository's LFS files are served as the hub serves them:
+the resolve URL answers 302 to the CDN, which holds them at an unguessable
+path and asks for no token. ``authorizations`` lists each request's path and
+its Authorization header ('' when none), so a test can tell where a token
+went.
+
 Faults, per served path (``server.fault(path, ...)``), each for ``times``
 requests: ``cut_after`` bytes of the body then the connection is closed (a
 link cut mid-file); ``corrupt``: the body's bytes are wrong (same length);
@@ -43,15 +52,18 @@ class Repo:
     files: dict[str, bytes]
     lfs: set[str]
     refs: dict[str, str]
+    token: str | None = None  # gated: only with this token
 
 
 class WeightsServer:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.files: dict[str, bytes] = {}
         self.repos: dict[str, Repo] = {}
         self.faults: dict[str, Fault] = {}
         self.served: Counter[str] = Counter()
         self.requests: list[tuple[str, str, str]] = []
+        self.authorizations: list[tuple[str, str]] = []
+        self.cdn: WeightsServer | None = None
         self.rate: float | None = None  # every file, bytes per second (a link of fixed bandwidth)
         self.active = 0  # file bodies being sent now, and the most at once
         self.max_active = 0
@@ -70,7 +82,7 @@ class WeightsServer:
             def do_GET(self) -> None:  # noqa: N802
                 server._handle(self, head=False)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer((host, 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="weights-server", daemon=True)
 
@@ -93,13 +105,13 @@ class WeightsServer:
         return f"{self.url}/files/{prefix}/"
 
     def add_repo(self, repo: str, files: dict[str, bytes], *, lfs: set[str] | None = None,
-                 refs: dict[str, str] | None = None) -> str:
+                 refs: dict[str, str] | None = None, token: str | None = None) -> str:
         """A hub repository at one commit; ``lfs``: files kept in LFS (default:
-        those over 1 KiB). Returns the commit."""
+        those over 1 KiB); ``token``: gated, readable only with it. Returns the commit."""
         commit = hashlib.sha1(repr(sorted((n, hashlib.sha256(d).hexdigest()) for n, d in files.items()))
                               .encode()).hexdigest()
         lfs = {n for n, d in files.items() if len(d) > 1024} if lfs is None else lfs
-        self.repos[repo] = Repo(commit, dict(files), set(lfs), {"main": commit, **(refs or {})})
+        self.repos[repo] = Repo(commit, dict(files), set(lfs), {"main": commit, **(refs or {})}, token)
         return commit
 
     def fault(self, path: str, **kwargs) -> None:
@@ -132,14 +144,20 @@ class WeightsServer:
         path = unquote(parts.path)
         with self._lock:
             self.requests.append((handler.command, path, handler.headers.get("Range", "")))
+            self.authorizations.append((path, handler.headers.get("Authorization", "")))
         match = re.match(r"^/api/models/([^/]+/[^/]+)(?:/revision/(.+))?$", path)
         if match:
+            repo = self.repos.get(match.group(1))
+            if repo is not None and not self._granted(handler, repo):
+                return self._error(handler, 401, "GatedRepo", head, "Access to this repository is restricted")
             return self._model_info(handler, match.group(1), match.group(2) or "main")
         match = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
         if match:
             repo = self.repos.get(match.group(1))
             if repo is None:
                 return self._error(handler, 404, "RepoNotFound", head)
+            if not self._granted(handler, repo):
+                return self._error(handler, 401, "GatedRepo", head, "Access to this repository is restricted")
             commit = repo.refs.get(match.group(2), match.group(2))
             if commit != repo.commit:
                 return self._error(handler, 404, "RevisionNotFound", head)
@@ -151,10 +169,27 @@ class WeightsServer:
             extra = {"X-Repo-Commit": commit, "ETag": f'"{sha if name in repo.lfs else hashlib.sha1(data).hexdigest()}"'}
             if name in repo.lfs:
                 extra |= {"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))}
+                if self.cdn is not None:
+                    where = f"/cdn/{sha}"
+                    self.cdn.files[where] = data
+                    return self._redirect(handler, self.cdn.url + where, extra)
             return self._send_file(handler, path, data, head, extra)
         if path in self.files:
             return self._send_file(handler, path, self.files[path], head, {})
         return self._error(handler, 404, "EntryNotFound", head)
+
+    @staticmethod
+    def _granted(handler, repo: Repo) -> bool:
+        return repo.token is None or handler.headers.get("Authorization", "") == f"Bearer {repo.token}"
+
+    @staticmethod
+    def _redirect(handler, location: str, extra: dict[str, str]) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", location)
+        for key, value in extra.items():
+            handler.send_header(key, value)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
 
     def _model_info(self, handler, name: str, revision: str) -> None:
         repo = self.repos.get(name)
