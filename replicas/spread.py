@@ -28,6 +28,7 @@ end, whatever the order they are made in.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from .snapshot import ClusterSnapshot, ExistingReplica, Placement, PlacementRequest, Unplaceable
@@ -96,11 +97,20 @@ def respread(model: str, request: PlacementRequest, replicas: list[SpreadReplica
     then the newest. The placement is ``place``'s, so a multi-node replica
     moves whole, into one fabric, as it was placed.
     """
+    # A fabric move needs a domain holding at least two fewer of the model's
+    # replicas than the replica's own: a model spread as evenly as it can be
+    # (three replicas over two fabrics) tries no placement at all, on every
+    # reconcile of a large cluster.
+    held = Counter(r.domain for r in replicas)
+    domains = {f for n in nodes for f in n.fabrics}
+    if request.nodes == 1:
+        domains |= {f"island:{n.name}" for n in nodes if not n.fabrics}
+    emptiest = min((held[d] for d in domains), default=0)
     candidates = []
     for replica in replicas:
         others = [o for o in replicas if o.id != replica.id]
         before = crowding(replica.fabric, replica.nodes, others)
-        if before == (0, 0):
+        if before[0] == 0 and before[1] < emptiest + 1:
             continue
         candidates.append((before, replica.id, replica, others))
     for before, _, replica, others in sorted(candidates, key=lambda c: (c[0], c[1]), reverse=True):
