@@ -1,18 +1,18 @@
-"""Keeping a model spread: when two of its replicas share a node and a
-placement that shares less fits now, one of them moves there
+"""Keeping a model spread: when two of its replicas share a node (or a
+fabric) and a placement that shares less fits now, one of them moves there
 (``replicas.spread`` decides which and where).
 
 A move is a defragmentation's move (``replicas.moves``): the original is
 marked ``draining`` and keeps serving, its replacement is placed in the same
 transaction, and the original stops once the model has its ready replicas
 without it, after its in-flight requests finish. One move at a time, and
-only on a quiet cluster (no drain, no move, no rollout running or paused,
-nothing pending, starting or stopping), so that it never competes with what the operator or a failure
-asked for. ``LLMGW_SPREAD=0`` turns it off.
+only on a quiet cluster (``_quiet``), so that it never competes with what
+the operator or a failure asked for. ``LLMGW_SPREAD=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import defaultdict
 
@@ -32,14 +32,34 @@ from .snapshot import ExistingReplica, PlacementRequest
 logger = logging.getLogger(__name__)
 
 
+# How long a pending replica whose model fits the cluster counts as churn
+# (a scale-up, a lost node's replacement: room may come within minutes, and
+# a move now would only add to what is changing). Past it, the replica waits
+# for capacity that is not coming soon (a node away for good, a scale-up
+# beyond the cluster) and would otherwise keep every model from being spread
+# again for as long as it waits. It loses nothing by that: the reconcile
+# schedules before it spreads, so room that fits it is its first, and the
+# defragmentation still plans room for it whenever no move is in flight.
+PENDING_PATIENCE = dt.timedelta(minutes=10)
+
+
 def _quiet() -> bool:
+    """Nothing the operator or a failure asked for is still under way:
+    no drain, no move, no rollout running or paused, no replica scheduled,
+    staging or starting, none stopping or failed with members left, and no
+    replica pending for less than ``PENDING_PATIENCE`` unless its model can
+    never fit the cluster (it would hold the cluster busy forever)."""
     if moves.moves_in_flight().exists() or Drain.objects.filter(status__in=DRAIN_ACTIVE).exists():
         return False
     # A rollout running has its own moves to make, and a paused one holds them on purpose.
     if Rollout.objects.filter(status__in=[RolloutStatus.RUNNING, RolloutStatus.PAUSED]).exists():
         return False
-    if Replica.objects.filter(status__in=[ReplicaStatus.PENDING, ReplicaStatus.SCHEDULED, ReplicaStatus.STAGING,
+    if Replica.objects.filter(status__in=[ReplicaStatus.SCHEDULED, ReplicaStatus.STAGING,
                                           ReplicaStatus.STARTING]).exists():
+        return False
+    # never_fits_reason is the model's (refreshed by every reconcile and on catalog apply), as moves_plan reads it.
+    if Replica.objects.filter(status=ReplicaStatus.PENDING, model__never_fits_reason="",
+                              status_changed_at__gt=timezone.now() - PENDING_PATIENCE).exists():
         return False
     return not Member.objects.filter(replica__status__in=[ReplicaStatus.STOPPING, ReplicaStatus.FAILED]).exclude(
         state=MemberState.GONE).exists()
@@ -112,12 +132,18 @@ def spread_step() -> int:
     if not crowded:
         return 0
     nodes = list(cluster_snapshot().nodes.values())
+    models = {}
+    planned = []
     for model in CatalogEntry.objects.filter(name__in=crowded, removing=False).order_by("name"):
         replicas = by_model[model.name]
         if len(replicas) != model.replicas:
             continue
         request = PlacementRequest(model.name, model.nodes, model.gpus_per_node)
         move = spread.respread(model.name, request, replicas, nodes, existing)
-        if move is not None and spread_move_start(model=model, move=move):
+        if move is not None:
+            models[model.name] = model
+            planned.append((model.name, move))
+    for name, move in spread.node_moves_first(planned):
+        if spread_move_start(model=models[name], move=move):
             return 1
     return 0
