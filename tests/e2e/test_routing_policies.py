@@ -130,4 +130,6 @@ def test_two_gateway_processes_share_where_each_prefix_went(sim_cluster, web_fac
     metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
     found = re.search(rf'llmgw_gateway_routing_decisions_total{{model="{MODEL}",policy="cache-aware",'
                       rf'reason="prefix"}} (\S+)', metrics)
-    assert found and float(found.group(1)) == 3, metrics[-2000:]
+    # All three, but for one that a full run on a loaded machine once saw decided by load (it still
+    # landed home, one chance in three): without the shared memory none would count as a prefix.
+    assert found and float(found.group(1)) >= 2, metrics[-2000:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import httpx
 
@@ -168,9 +169,13 @@ def test_unknown_keys_are_looked_up_once_and_a_flood_is_bounded(transactional_db
         assert await asyncio.gather(*[gw.authenticate_or_look_up(wrong) for _ in range(50)]) == [None] * 50
         assert await gw.authenticate_or_look_up(wrong) is None
         assert len(calls) == 1  # one lookup, shared, then remembered
+        started = time.monotonic()
         for i in range(300):  # all different: the lookups are rate-limited
             assert await gw.authenticate_or_look_up(f"Bearer sk-llmgw-{i:040d}") is None
-        assert len(calls) <= 1 + runtime.KEY_LOOKUPS_PER_SECOND + 5
+        # A bucket of one second's lookups, refilled at that rate while the flood lasts (each
+        # lookup that goes through waits for the database: on a busy machine that takes a while).
+        allowed = runtime.KEY_LOOKUPS_PER_SECOND * (1 + time.monotonic() - started)
+        assert len(calls) <= 1 + allowed + 1, (len(calls), allowed)
         assert await gw.authenticate_or_look_up("Bearer not-a-key") is None  # not even looked up
         flooded = len(calls)
         await asyncio.sleep(1.0)  # the limit refills
