@@ -6,10 +6,10 @@ latest block per node in one hash and an hour of samples per node in a
 capped list, never a database write per reading (the embedded default has
 no Redis: there they go to bounded rows, ``nodes.telemetry_rows``). What a
 reading changes about a GPU's state (a quarantine) is a row with an Event
-(``nodes.gpus``), written only
-when the verdict differs from what the database already says; the process
-keeps each node's quarantines in memory, valid for the node's liveness
-version (any service that changes them bumps it).
+(``nodes.gpus``), written only when the verdict differs from what the
+database already says; the process keeps each node's quarantines in memory,
+valid for the node's liveness version (any service that changes them bumps
+it).
 
 The hot path costs a few tens of microseconds per block: a check of the
 values against the protocol's bounds (``nodes.validation.LIMITS``, the
