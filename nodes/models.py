@@ -71,7 +71,8 @@ class Gpu(models.Model):
     # Health (nodes.gpu_health): set when a critical Xid, an uncorrectable
     # ECC error, a fall from the bus or NVML failing took the GPU out of
     # service; cleared only by an operator (or the opt-in reset rule). The
-    # readings themselves are telemetry, in Redis (nodes.telemetry).
+    # readings themselves are telemetry, in Redis or in the bounded rows
+    # below (nodes.telemetry).
     quarantined_at = models.DateTimeField(null=True, blank=True)
     quarantine_kind = models.CharField(max_length=16, blank=True)  # GpuFault
     quarantine_reason = models.CharField(max_length=255, blank=True)
@@ -95,6 +96,36 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}:gpu{self.index}"
+
+
+class GpuReadings(models.Model):
+    """A node's latest telemetry block, one row per node: the embedded
+    default's copy of what Redis keeps in production (``nodes.telemetry_rows``).
+    Keyed by the node's name, which is what a heartbeat carries."""
+
+    node = models.OneToOneField(Node, to_field="name", primary_key=True, on_delete=models.CASCADE,
+                                related_name="+")
+    block = models.TextField()  # the block as JSON, as Redis holds it
+
+    class Meta:
+        verbose_name = "GPU readings"
+        verbose_name_plural = "GPU readings"
+
+
+class GpuSample(models.Model):
+    """One history sample of a node's GPUs. The hour is a ring of slots per
+    node: a new sample overwrites the one an hour older, so the rows stay
+    bounded without a sweep."""
+
+    node = models.ForeignKey(Node, to_field="name", on_delete=models.CASCADE, related_name="+")
+    slot = models.PositiveIntegerField()
+    at = models.FloatField()  # seconds since the epoch, as in the sample
+    sample = models.TextField()  # [at, [[index, util, mem_used_mib, temp_c, power_w, health code], ...]] as JSON
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "slot"], name="%(app_label)s_%(class)s_unique_slot"),
+        ]
 
 
 class GpuConflict(models.Model):

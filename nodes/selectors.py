@@ -106,9 +106,11 @@ def gpu_health_list(*, node_name: str | None = None) -> list[dict[str, Any]]:
         reading, at = readings.get((gpu.node.name, gpu.index), ({}, None))
         if gpu.quarantined_at is not None:
             health, reason = "quarantined", gpu.quarantine_reason
-        elif reading:
+        elif reading and reading["health"] != "quarantined":
             health, reason = reading["health"], reading["reason"]
         else:
+            # No reading, or one judged while the GPU was quarantined, before an
+            # operator cleared it: the GPU's row is the truth, the next block says the rest.
             health, reason = "unknown", ""
         rows.append({
             "node": gpu.node.name, "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,

@@ -3,11 +3,13 @@
 A heartbeat carries a telemetry block at most every telemetry interval
 (``agent.protocol.Telemetry``). Readings are not state: they go to Redis, the
 latest block per node in one hash and an hour of samples per node in a
-capped list, never to the database. What a reading changes about a GPU's
-state (a quarantine) is a row with an Event (``nodes.gpus``), written only
-when the verdict differs from what the database already says; the process
-keeps each node's quarantines in memory, valid for the node's liveness
-version (any service that changes them bumps it).
+capped list, never a database write per reading (the embedded default has
+no Redis: there they go to bounded rows, ``nodes.telemetry_rows``). What a
+reading changes about a GPU's state (a quarantine) is a row with an Event
+(``nodes.gpus``), written only when the verdict differs from what the
+database already says; the process keeps each node's quarantines in memory,
+valid for the node's liveness version (any service that changes them bumps
+it).
 
 The hot path costs a few tens of microseconds per block: a check of the
 values against the protocol's bounds (``nodes.validation.LIMITS``, the
@@ -33,6 +35,7 @@ from agent.protocol import TELEMETRY_SOURCES, GpuReading
 from . import liveness
 from .choices import GpuFault, GpuHealth
 from .gpu_health import HEALTH_CODES, Policy, Verdict, gpu_verdict, reset_shown
+from .telemetry_rows import DatabaseTelemetry
 from .validation import LIMITS, HeartbeatInvalid
 
 logger = logging.getLogger(__name__)
@@ -305,47 +308,19 @@ class RedisTelemetry:
         self.client.delete(HISTORY_KEY + node)
 
 
-class LocalTelemetry:
-    """The embedded default without Redis: this process's memory only (the
-    agent API's; pages in another process see no readings, health still works)."""
-
-    def __init__(self) -> None:
-        self._latest: dict[str, dict[str, Any]] = {}
-        self._history: dict[str, list[list[Any]]] = {}
-
-    def put(self, node: str, latest: str, sample: str | None) -> None:
-        self._latest[node] = json.loads(latest)
-        if sample:
-            samples = self._history.setdefault(node, [])
-            samples.append(json.loads(sample))
-            del samples[:-int(HISTORY_SECONDS / settings.LLMGW_GPU_HISTORY_STEP)]
-
-    def flush(self) -> None:
-        pass
-
-    def latest(self, node: str | None = None) -> dict[str, dict[str, Any]]:
-        if node is not None:
-            return {node: self._latest[node]} if node in self._latest else {}
-        return dict(self._latest)
-
-    def history(self, node: str) -> list[list[Any]]:
-        return list(self._history.get(node, []))
-
-    def forget(self, node: str) -> None:
-        self._latest.pop(node, None)
-        self._history.pop(node, None)
-
-
-_store: RedisTelemetry | LocalTelemetry | None = None
+_store: RedisTelemetry | DatabaseTelemetry | None = None
 _store_lock = threading.Lock()
 
 
-def store() -> RedisTelemetry | LocalTelemetry:
+def store() -> RedisTelemetry | DatabaseTelemetry:
+    """Redis where liveness is in Redis (production), else bounded rows in
+    the database, which every process of the embedded default reads."""
     global _store
     if _store is None:
         with _store_lock:
             if _store is None:
-                _store = RedisTelemetry(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL else LocalTelemetry()
+                _store = (RedisTelemetry(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL
+                          else DatabaseTelemetry(HISTORY_SECONDS))
     return _store
 
 

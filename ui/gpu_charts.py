@@ -2,7 +2,7 @@
 
 One small chart per quantity (utilisation, memory used, temperature, power)
 with a line per GPU, and a strip per GPU of its health over the hour, from
-the samples ``nodes.telemetry`` keeps in Redis. No script, no library: a
+the samples ``nodes.telemetry`` keeps (Redis, or rows). No script, no library: a
 chart is a few polylines, and its numbers are in its title and table.
 """
 

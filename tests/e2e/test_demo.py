@@ -182,6 +182,10 @@ def test_the_demo_story_as_printed_and_the_readme_tour(tmp_path):
         assert "ready" in nodes_table
         run(steps[1])
         run(steps[2])
+        # No Redis here: the agent API's readings reach the web process through the database.
+        wait(lambda: all(g["read_at"] is not None and g["util"] is not None and g["temp_c"] is not None
+                         for g in as_json(".venv/bin/llmgw ctl gpus")), 60, "every GPU's readings in ctl gpus")
+        assert _sqlite_count(db, "SELECT COUNT(*) FROM nodes_gpureadings") == 4
 
         assert "killed node02" in run(steps[3])
         grace = float(re.search(r"After (\d+) s without a heartbeat", printed)[1])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from core.models import Event
-from nodes import telemetry
+from nodes import liveness, telemetry
 from nodes.choices import GpuFault, NodeEventKind
 from nodes.gpus import gpus_judged
 from nodes.models import Gpu
@@ -18,13 +18,22 @@ from tests.test_ctl_rest import run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def ctl_env(web_factory, admin_token, tmp_path):
-    return server_env(LLMGW_URL=web_factory().url, LLMGW_TOKEN=admin_token, LLMGW_DATA_DIR=str(tmp_path / "nowhere"))
+@pytest.fixture(params=["redis", "database"])
+def ctl_env(request, settings, web_factory, admin_token, tmp_path):
+    """The web process reads the readings from Redis, or (the embedded default) from the database."""
+    web_env = {}
+    if request.param == "database":
+        settings.LLMGW_REDIS_URL = web_env["LLMGW_REDIS_URL"] = ""
+    liveness.store.cache_clear()
+    telemetry.store.cache_clear()
+    telemetry.forget_cache()
+    yield server_env(LLMGW_URL=web_factory(**web_env).url, LLMGW_TOKEN=admin_token,
+                     LLMGW_DATA_DIR=str(tmp_path / "nowhere"))
+    liveness.store.cache_clear()
+    telemetry.store.cache_clear()
 
 
 def test_ctl_gpus_lists_health_and_clears_a_quarantine(ctl_env):
-    telemetry.store.cache_clear()
     node = NodeFactory(name="node01")
     for i in range(2):
         GpuFactory(node=node, index=i, uuid=f"GPU-ctl-{i}")

@@ -209,9 +209,12 @@ def test_a_quarantine_survives_an_agent_restart_until_an_operator_clears_it():
     assert response.json()["quarantined_at"] is None
     cleared = Event.objects.get(kind=NodeEventKind.GPU_CLEARED, node__name="node01")
     assert "operator-1" in cleared.message
+    # The latest readings were judged while it was quarantined: not shown as its health any more.
+    assert gpu_health_list(node_name="node01")[0]["health"] == "unknown"
     # The errors already judged do not quarantine it again; a new one does.
     ok(node01, "node01", beat("node01", per_gpu={0: {"ecc_uncorrected": 3}}))
     assert Gpu.objects.get(node__name="node01", index=0).quarantined_at is None
+    assert gpu_health_list(node_name="node01")[0]["health"] == "healthy"
     reconcile.replicas_reconcile()
     replica.refresh_from_db()
     assert replica.status == ReplicaStatus.SCHEDULED

@@ -51,15 +51,22 @@ def _under_load(node: str, count: int = 8) -> None:
                              persist=gpus_judged)
 
 
-@pytest.fixture
-def loaded(small_cluster, pki_dir):
-    from nodes import telemetry
+@pytest.fixture(params=["redis", "database"])
+def loaded(request, settings, small_cluster, pki_dir):
+    """The cluster under load; the environment for the web process, which
+    reads the readings from Redis, or (the embedded default) from the database."""
+    from nodes import liveness, telemetry
 
+    web_env = {}
+    if request.param == "database":
+        settings.LLMGW_REDIS_URL = web_env["LLMGW_REDIS_URL"] = ""
+    liveness.store.cache_clear()
     telemetry.store.cache_clear()
     telemetry.forget_cache()
     for node in ("node01", "node02", "node03", "node04", "island01"):
         _under_load(node)
-    yield
+    yield web_env
+    liveness.store.cache_clear()
     telemetry.store.cache_clear()
 
 
@@ -69,7 +76,7 @@ def test_cluster_page_under_load_and_the_node_charts(loaded, superuser, web_fact
     from core.models import Event
     from nodes.models import Gpu
 
-    web = web_factory()
+    web = web_factory(**loaded)
     login(page, web.url, "root", PASSWORD)
     grid = page.locator("main")
     quarantined = page.locator('[data-node="node03"] .gpu.quarantined')
@@ -109,7 +116,7 @@ def test_cluster_page_under_load_and_the_node_charts(loaded, superuser, web_fact
 def test_a_viewer_sees_gpu_health_but_no_clear_button(loaded, viewer, web_factory, page):
     from playwright.sync_api import expect
 
-    web = web_factory()
+    web = web_factory(**loaded)
     login(page, web.url, "watcher", PASSWORD, "/nodes/node03/")
     expect(page.locator('#gpus tr[data-gpu="0"] .gpu-health')).to_contain_text("quarantined")
     expect(page.get_by_role("button", name="Clear GPU 0")).to_have_count(0)
