@@ -28,13 +28,12 @@ from django.utils import timezone
 
 from core.choices import EventSeverity
 from core.events import event_record
-from nodes.models import Node
 
 from . import defrag, placement
 from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus
 from .models import CatalogEntry, Member, ModelRevision, Replica
 from .revisions import replica_launch, revision_manifest
-from .scheduling import PlacementConflict, cluster_snapshot, placements_persist
+from .scheduling import PlacementConflict, cluster_snapshot, nodes_lock, placements_persist
 from .services import replica_transition
 from .weights_cache import weights_need, weights_need_of, weights_view
 
@@ -111,8 +110,7 @@ def move_start(*, move: defrag.Move, target: Replica, fabric: str | None) -> boo
             # its replacement is locked inside ``placements_persist``. NO KEY
             # locks, so that foreign-key checks at others' commits pass.
             model = CatalogEntry.objects.select_for_update(no_key=True).get(name=move.model)
-            list(Node.objects.select_for_update(of=("self",), no_key=True)
-                 .filter(name__in={m.node for m in move.destination.members}).order_by("pk"))
+            nodes_lock(m.node for m in move.destination.members)
             original = (
                 Replica.objects.select_for_update(of=("self",), no_key=True)
                 .filter(pk=move.replica, status=ReplicaStatus.READY, draining=False).first()

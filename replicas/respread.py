@@ -21,12 +21,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.events import event_record
-from nodes.models import Node
 
 from . import moves, spread
 from .choices import DRAIN_ACTIVE, PLACED, MemberState, ReplicaEventKind, ReplicaStatus, RolloutStatus
 from .models import CatalogEntry, Drain, Member, Replica, Rollout
-from .scheduling import PlacementConflict, cluster_snapshot, placements_persist
+from .scheduling import PlacementConflict, cluster_snapshot, nodes_lock, placements_persist
 from .snapshot import ExistingReplica, PlacementRequest
 
 logger = logging.getLogger(__name__)
@@ -96,8 +95,7 @@ def spread_move_start(*, model: CatalogEntry, move: spread.SpreadMove) -> bool:
     try:
         with transaction.atomic():
             entry = CatalogEntry.objects.select_for_update(no_key=True).get(pk=model.pk)
-            list(Node.objects.select_for_update(of=("self",), no_key=True)
-                 .filter(name__in=move.destination.nodes).order_by("pk"))
+            nodes_lock(move.destination.nodes)
             if not Replica.objects.filter(pk=move.replica, status=ReplicaStatus.READY,
                                           draining=False).update(draining=True):
                 return False

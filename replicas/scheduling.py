@@ -119,6 +119,17 @@ class _PortBook:
         )
 
 
+def nodes_lock(names) -> dict[str, Node]:
+    """Lock the named nodes' rows in ascending pk (the lock order:
+    docs/architecture.md), only their own rows, FOR NO KEY UPDATE; read with
+    what launch specs use (replicas.launch), not the inventory's JSON."""
+    return {
+        n.name: n
+        for n in Node.objects.select_for_update(of=("self",), no_key=True).filter(name__in=set(names))
+        .only("id", "name", "status", "mgmt_addr", "mgmt_interface").order_by("pk")
+    }
+
+
 def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list[Replica]:
     """Give pending replicas their placements' nodes, GPUs and ports, in one
     transaction. The unique GPU and port constraints have the last word: a
@@ -129,12 +140,7 @@ def placements_persist(items: list[tuple[Replica, placement.Placement]]) -> list
         # The lock order (docs/architecture.md): nodes in ascending pk, then
         # replicas in ascending pk; only their own rows, FOR NO KEY UPDATE.
         names = sorted({m.node for _, p in items for m in p.members})
-        nodes = {
-            n.name: n
-            for n in Node.objects.select_for_update(of=("self",), no_key=True).filter(name__in=names)
-            # What launch specs read (replicas.launch); not the inventory's JSON.
-            .only("id", "name", "status", "mgmt_addr", "mgmt_interface").order_by("pk")
-        }
+        nodes = nodes_lock(names)
         for name in names:
             if name not in nodes or nodes[name].status != NodeStatus.READY:
                 raise PlacementConflict(f"node {name} is no longer ready")
