@@ -4,16 +4,21 @@ Django's own ASGI handler costs a gateway more than the proxying does: the
 seven default middleware hop threads through ``sync_to_async`` on every
 request (about 2.7 ms of CPU), and the handler runs each request in a
 thread-sensitive context that starts a thread of its own. This handler keeps
-what a proxy needs from Django (its request object, URL resolving, async
-views, HttpResponse and StreamingHttpResponse, the client-disconnect
-watch) and drops the rest: no middleware, no request signals, no threads.
+what a proxy needs from Django (URL resolving, async views, the Host check,
+StreamingHttpResponse, the client-disconnect watch) and drops the rest: no
+middleware, no request signals, no threads. Its request is Django's
+HttpRequest made from the scope with only what the views read (``META``,
+``method``, ``path``, ``body``: no query dicts, cookies or content-type
+parsing), and a Host header is checked against ``ALLOWED_HOSTS`` once per
+distinct value; whole answers are ``gateway.errors.Answer``. Together with
+the gateway's own client (``gateway.upstream``) these took a plain request
+from 0.36-0.50 to ... ms of CPU (docs/benchmarks.md, issue 20).
 Nothing on this path touches the database (see ``gateway.runtime``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 from contextlib import aclosing
 
@@ -21,6 +26,7 @@ from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest
 from django.urls import Resolver404, get_resolver
 
 from . import views
@@ -32,20 +38,79 @@ logger = logging.getLogger(__name__)
 
 GATEWAY_PREFIXES = ("/v1/",)
 GATEWAY_PATHS = frozenset({"/metrics"})
+# Header names to their META keys, as Django's ASGIRequest makes them (a name with "_" is dropped: it could
+# pass for one with "-"); remembered for this many names.
+_META_NAMES: dict[bytes, str | None] = {}
+_META_NAMES_MAX = 512
+# Host header values that passed the ALLOWED_HOSTS check, remembered for this many.
+_HOSTS_MAX = 256
+
+
+def _meta_name(name: bytes) -> str | None:
+    key = _META_NAMES.get(name, "")
+    if key == "":
+        text = name.decode("latin1")
+        if "_" in text:
+            key = None
+        elif text == "content-length":
+            key = "CONTENT_LENGTH"
+        elif text == "content-type":
+            key = "CONTENT_TYPE"
+        else:
+            key = "HTTP_" + text.upper().replace("-", "_")
+        if len(_META_NAMES) < _META_NAMES_MAX:
+            _META_NAMES[name] = key
+    return key
+
+
+class GatewayRequest(HttpRequest):
+    """What the gateway's views read of a request (``META``, ``method``, ``path``, ``body``), made from the
+    ASGI scope as Django's ASGIRequest makes them, without what /v1 never reads: no GET/POST query dicts,
+    no cookies, no content-type parsing. ``get_host()`` is Django's own."""
+
+    def __init__(self, scope) -> None:  # not HttpRequest.__init__: its dicts are what is left out
+        self.scope = scope
+        self.resolver_match = None
+        self.path = path = scope["path"]
+        root = scope.get("root_path") or ""
+        self.path_info = path.removeprefix(root) if root else path
+        self.method = method = scope["method"].upper()
+        query = scope.get("query_string", b"")
+        meta = {"REQUEST_METHOD": method, "QUERY_STRING": query.decode() if query else "", "SCRIPT_NAME": root,
+                "PATH_INFO": self.path_info}
+        client = scope.get("client")
+        if client:
+            meta["REMOTE_ADDR"] = meta["REMOTE_HOST"] = client[0]
+            meta["REMOTE_PORT"] = client[1]
+        server = scope.get("server")
+        meta["SERVER_NAME"], meta["SERVER_PORT"] = (server[0], str(server[1])) if server else ("unknown", "0")
+        for name, value in scope.get("headers", ()):
+            key = _meta_name(name)
+            if key is None:
+                continue
+            value = value.decode("latin1")
+            meta[key] = f"{meta[key]},{value}" if key in meta else value
+        self.META = meta
 
 
 class GatewayHandler(ASGIHandler):
+    request_class = GatewayRequest
+
     def __init__(self) -> None:
         base.BaseHandler.__init__(self)  # and not load_middleware()
         self.resolver = get_resolver("gateway.urls")
         self._routes: dict[str, tuple] = {}
+        self._hosts: set[str] = set()
+        # Fixed for the process's life: read once, not through Django's lazy settings on every request.
+        self.body_limit = settings.LLMGW_GATEWAY_MAX_BODY_BYTES
+        self.body_timeout = settings.LLMGW_GATEWAY_BODY_TIMEOUT
 
     async def __call__(self, scope, receive, send) -> None:
         await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send) -> None:
         try:
-            request = self.request_class(scope, io.BytesIO(b""))
+            request = self.request_class(scope)
         except UnicodeDecodeError:
             await self._send(_closing(
                 openai_error(400, "The request line is not valid.", ErrorKind.INVALID_REQUEST)), send)
@@ -56,11 +121,7 @@ class GatewayHandler(ASGIHandler):
             await self._send(_closing(
                 openai_error(404, f"No route {request.method} {request.path_info}.", ErrorKind.NOT_FOUND)), send)
             return
-        try:
-            # No middleware here: the Host check CommonMiddleware would make
-            # (DNS rebinding: a page elsewhere reaching /metrics or /v1 on loopback).
-            request.get_host()
-        except DisallowedHost:
+        if not self._host_allowed(request):
             await self._send(_closing(openai_error(
                 400, "The Host header names no address this server answers to (ALLOWED_HOSTS).",
                 ErrorKind.INVALID_REQUEST)), send)
@@ -83,11 +144,10 @@ class GatewayHandler(ASGIHandler):
         if refused is not None:
             await self._send(_closing(refused), send)
             return
-        body = await self._read_body(receive, send)
+        body = await self._read_body(receive, send, self.body_limit, self.body_timeout)
         if body is None:
             return
         request._body = body  # read above; Django's own size limit is for forms, not prompts
-        request._stream = io.BytesIO(body)
 
         # As Django does, watch for the client going away while the view
         # works, and cancel it (and with it the upstream request) when it
@@ -120,14 +180,27 @@ class GatewayHandler(ASGIHandler):
             if response is not None and response.streaming:
                 _run_closers(response)
 
+    def _host_allowed(self, request: GatewayRequest) -> bool:
+        """No middleware here: the Host check CommonMiddleware would make (DNS rebinding: a page elsewhere
+        reaching /metrics or /v1 on loopback), by Django's get_host(), once per distinct Host header."""
+        raw = request.META.get("HTTP_HOST")
+        if raw is not None and raw in self._hosts:
+            return True
+        try:
+            request.get_host()
+        except DisallowedHost:
+            return False
+        if raw is not None and len(self._hosts) < _HOSTS_MAX and not settings.USE_X_FORWARDED_HOST:
+            self._hosts.add(raw)
+        return True
+
     @staticmethod
-    async def _read_body(receive, send) -> bytes | None:
+    async def _read_body(receive, send, limit: int, timeout: float) -> bytes | None:
         """The whole body, or None when the client went away or was answered
         (too large; not all there within LLMGW_GATEWAY_BODY_TIMEOUT)."""
-        limit = settings.LLMGW_GATEWAY_MAX_BODY_BYTES
         chunks, size = [], 0
         try:
-            async with asyncio.timeout(settings.LLMGW_GATEWAY_BODY_TIMEOUT):
+            async with asyncio.timeout(timeout):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
@@ -143,7 +216,6 @@ class GatewayHandler(ASGIHandler):
                     if not message.get("more_body", False):
                         return b"".join(chunks)
         except TimeoutError:
-            timeout = settings.LLMGW_GATEWAY_BODY_TIMEOUT
             await GatewayHandler._send(_closing(openai_error(
                 408, f"The body did not arrive within {timeout:g} s ({size} bytes came).", ErrorKind.BODY_TIMEOUT)),
                 send)

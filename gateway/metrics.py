@@ -89,10 +89,21 @@ INFLIGHT = Gauge("llmgw_gateway_inflight_requests", "Requests in flight through 
 
 
 class GatewayMetrics:
-    """What the request path records."""
+    """What the request path records. Each metric's child per label values is looked up once and kept:
+    prometheus_client's ``labels()`` (a lock, the labels' checks) cost more than the write itself, on every
+    request. The label values are bounded (models, replicas, endpoints, status codes), and the library keeps
+    every child it made anyway."""
+
+    def __init__(self) -> None:
+        self._requests: dict[tuple, Any] = {}
+        self._latency: dict[tuple, Any] = {}
 
     def request(self, model: str, replica: str, endpoint: str, code: int) -> None:
-        REQUESTS.labels(model, replica, endpoint, str(code)).inc()
+        labels = (model, replica, endpoint, code)
+        child = self._requests.get(labels)
+        if child is None:
+            child = self._requests[labels] = REQUESTS.labels(model, replica, endpoint, str(code))
+        child.inc()
 
     def error(self, model: str, kind: str) -> None:
         ERRORS.labels(model, kind).inc()
@@ -101,7 +112,11 @@ class GatewayMetrics:
         RETRIES.labels(model).inc()
 
     def latency(self, model: str, replica: str, seconds: float) -> None:
-        LATENCY.labels(model, replica).observe(seconds)
+        labels = (model, replica)
+        child = self._latency.get(labels)
+        if child is None:
+            child = self._latency[labels] = LATENCY.labels(model, replica)
+        child.observe(seconds)
 
     def ttft(self, model: str, replica: str, seconds: float) -> None:
         TTFT.labels(model, replica).observe(seconds)

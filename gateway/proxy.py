@@ -11,12 +11,12 @@ stops generating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
 from typing import AsyncIterator
 
-import aiohttp
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
@@ -26,21 +26,15 @@ from .errors import json_response, openai_error, sse_error
 from .routing import NO_HINTS, Hints, Route
 from .runtime import Gateway
 from .timeouts import Timeouts
+from .upstream import Broken, ConnectTimeout, Disconnected, NoConnection, Response as UpstreamResponse
 
 logger = logging.getLogger(__name__)
 
-_UPSTREAM_HEADERS = {"Content-Type": "application/json"}
 _USAGE_OBJECT = re.compile(rb'"usage":\s*\{')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
-# Failures before the engine answered: the request can go to another replica.
-# (ClientConnectorError and ConnectionTimeoutError: no connection at all.
-# ServerDisconnectedError and ClientOSError: a pooled connection the engine had closed.)
-_NO_CONNECTION = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-_RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.ServerDisconnectedError,
-              aiohttp.ClientOSError)
-_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+_NO_DEADLINE = contextlib.nullcontext()  # (a timeout scope costs as much as the rest of an exchange's set-up)
 # An engine's answers that say it cannot take the request now (overloaded, going away): another replica may.
 _RETRY_STATUSES = frozenset({502, 503})
 
@@ -142,21 +136,21 @@ async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, 
         attempt.used = usage_of(first)
         attempt.gw.count(attempt.key, *attempt.used, request=0)
     attempt.done(route, status, ErrorKind.UPSTREAM_ERROR if status >= 500 else None)
-    return json_response(first, status=status, content_type=response.headers.get("Content-Type", "application/json"),
+    return json_response(first, status=status, content_type=response.content_type or "application/json",
                          headers={"X-Llmgw-Replica": route.label})
 
 
 async def _exchange(gw: Gateway, route: Route, path: str, payload: bytes, stream: bool, timeouts: Timeouts,
-                    loop: asyncio.AbstractEventLoop, total: float | None) -> tuple[aiohttp.ClientResponse, bytes]:
+                    loop: asyncio.AbstractEventLoop, total: float | None) -> tuple[UpstreamResponse, bytes]:
     """The engine's response and its first bytes (a stream's first chunk, or a whole answer), or _Failed."""
     model = route.model
     ttft = loop.time() + timeouts.ttft if stream and timeouts.ttft else None
     deadline = min(ttft, total) if ttft is not None and total is not None else (ttft or total)
     response = None
     try:
-        async with asyncio.timeout_at(deadline):
-            response = await gw.session.post(route.url(path), data=payload, headers=_UPSTREAM_HEADERS,
-                                             timeout=timeouts.client)
+        async with (asyncio.timeout_at(deadline) if deadline is not None else _NO_DEADLINE):
+            response = await gw.upstream.post(route.host, route.port, path, payload,
+                                              connect_timeout=timeouts.connect or None)
             status = response.status
             if status in _RETRY_STATUSES:
                 body = await response.read()
@@ -164,18 +158,18 @@ async def _exchange(gw: Gateway, route: Route, path: str, payload: bytes, stream
                 raise _Failed(502, ErrorKind.UPSTREAM_ERROR, f"replica {route.replica_id} of {model} answered "
                               f"{status}: {body[:200].decode(errors='replace')}", retry=True)
             if stream and status == 200:
-                return response, await response.content.readany()
+                return response, await response.readany()
             body = await response.read()
             response.release()
             return response, body
     except _Failed:
         raise
-    except aiohttp.ConnectionTimeoutError as exc:
+    except ConnectTimeout as exc:
         raise _Failed(504, ErrorKind.UPSTREAM_TIMEOUT, f"could not connect to a replica of {model} within "
                       f"{timeouts.connect:g}s (replica {route.replica_id} at {route.base_url}: {exc})",
                       retry=True, down=True) from None
-    except _RETRYABLE as exc:
-        no_connection = isinstance(exc, _NO_CONNECTION)
+    except (NoConnection, Disconnected) as exc:
+        no_connection = isinstance(exc, NoConnection)
         raise _Failed(502, ErrorKind.UPSTREAM_UNREACHABLE, f"could not reach a replica of {model} (replica "
                       f"{route.replica_id} at {route.base_url}: {exc})", retry=True, down=no_connection,
                       same=not no_connection) from None
@@ -187,7 +181,7 @@ async def _exchange(gw: Gateway, route: Route, path: str, payload: bytes, stream
                           f"token within {timeouts.ttft:g}s (the model's TTFT timeout)", retry=True) from None
         raise _Failed(504, ErrorKind.UPSTREAM_TIMEOUT, f"replica {route.replica_id} of {model} did not finish "
                       f"within {timeouts.total:g}s (the model's total timeout)", retry=False) from None
-    except _BROKEN as exc:
+    except Broken as exc:
         if response is not None:
             response.close()
         raise _Failed(502, ErrorKind.UPSTREAM_ERROR, f"replica {route.replica_id} of {model} broke off its "
@@ -198,12 +192,12 @@ async def _exchange(gw: Gateway, route: Route, path: str, payload: bytes, stream
         raise
 
 
-def _streaming(attempt: Attempt, route: Route, response: aiohttp.ClientResponse, first: bytes, strip_usage: bool,
+def _streaming(attempt: Attempt, route: Route, response: UpstreamResponse, first: bytes, strip_usage: bool,
                timeouts: Timeouts, total: float | None) -> StreamingHttpResponse:
     relay = _Relay(attempt, route, response)
     result = StreamingHttpResponse(
         _relay(relay, first, strip_usage, timeouts, total),
-        content_type=response.headers.get("Content-Type", "text/event-stream"),
+        content_type=response.content_type or "text/event-stream",
     )
     # Django's way to free what a response holds: close() runs its closers (gateway.asgi runs them too).
     result._resource_closers.append(relay.close)
@@ -225,7 +219,7 @@ class _Relay:
 
     __slots__ = ("attempt", "route", "response", "loop", "started", "ended")
 
-    def __init__(self, attempt: Attempt, route: Route, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, attempt: Attempt, route: Route, response: UpstreamResponse) -> None:
         self.attempt, self.route, self.response = attempt, route, response
         self.loop = asyncio.get_running_loop()
         self.started = self.ended = False
@@ -271,7 +265,6 @@ async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeo
     prompt = completion = 0
     loop = asyncio.get_running_loop()
     idle = timeouts.idle
-    content = response.content
     gw.metrics.ttft(model, route.label, time.perf_counter() - attempt.started)
     chunk = first
     held = b""  # an event's beginning, until its end arrives: usage is found (and stripped) in whole events
@@ -296,10 +289,10 @@ async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeo
             if total is not None and (deadline is None or total < deadline):
                 deadline = total
             if deadline is None:
-                chunk = await content.readany()
+                chunk = await response.readany()
             else:
                 async with asyncio.timeout_at(deadline):
-                    chunk = await content.readany()
+                    chunk = await response.readany()
             # The end of the stream: what was held goes out as it came (the loop's last turn).
             finished = not chunk
         finished = True
@@ -311,7 +304,7 @@ async def _relay(relay: _Relay, first: bytes, strip_usage: bool, timeouts: Timeo
         which = (f"sent nothing for {idle:g}s (the model's idle timeout)" if total is None or loop.time() < total
                  else f"did not finish within {timeouts.total:g}s (the model's total timeout)")
         yield sse_error(f"replica {route.replica_id} of {model} {which}", kind, 504)
-    except _BROKEN as exc:
+    except Broken as exc:
         code, kind = 502, ErrorKind.STREAM_BROKEN
         logger.warning("stream broken model=%s replica=%s error=%r", model, route.replica_id, exc)
         yield sse_error(f"replica {route.replica_id} of {model} broke off the stream: {exc}", kind, 502)

@@ -30,21 +30,31 @@ EJECT_SECONDS = 5.0
 class Route:
     """One ready replica's leader, with this process's requests in flight on it."""
 
-    __slots__ = ("replica_id", "model", "base_url", "label", "_inflight", "down_until", "_urls", "engine",
-                 "sent_tokens")
+    __slots__ = ("replica_id", "model", "_base_url", "label", "_inflight", "down_until", "_urls", "engine",
+                 "sent_tokens", "host", "port", "_gauge")
 
     def __init__(self, replica_id: int, model: str, base_url: str) -> None:
         self.replica_id = replica_id
         self.model = model
         self.base_url = base_url
         self.label = str(replica_id)
+        self._gauge = None
         self._inflight = 0
         self.down_until = 0.0
-        self._urls: dict[str, URL] = {}
         # The engine's last /metrics reading (gateway.engineload.EngineReading), None until read.
         self.engine = None
         # Prompt tokens (estimated, uncached) this process sent here by cache-aware decisions, ever.
         self.sent_tokens = 0
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @base_url.setter
+    def base_url(self, base_url: str) -> None:
+        # The engine's host and port, for the gateway's client (gateway.upstream), parsed once.
+        url = URL(base_url)
+        self._base_url, self.host, self.port, self._urls = base_url, url.host, url.port, {}
 
     @property
     def inflight(self) -> int:
@@ -52,9 +62,13 @@ class Route:
 
     @inflight.setter
     def inflight(self, count: int) -> None:
-        # Written through to the metrics file, where the other web processes' scrapes read it.
+        # Written through to the metrics file, where the other web processes' scrapes read it (the gauge's
+        # child looked up once: labels() costs more than the write).
         self._inflight = count
-        INFLIGHT.labels(self.model, self.label).set(count)
+        gauge = self._gauge
+        if gauge is None:
+            gauge = self._gauge = INFLIGHT.labels(self.model, self.label)
+        gauge.set(count)
 
     def url(self, path: str) -> URL:
         # Parsed once per route and path, not on every request.
@@ -131,8 +145,9 @@ class RoutingTable:
             else:
                 # The same object: requests in flight on it decrement its count.
                 if route.base_url != row.base_url:
-                    route.base_url, route._urls = row.base_url, {}
-                route.model = row.model
+                    route.base_url = row.base_url
+                if route.model != row.model:
+                    route.model, route._gauge = row.model, None
             current[row.replica_id] = route
             by_model.setdefault(row.model, []).append(route)
         # Keep the departed routes that still carry requests, so that their

@@ -40,6 +40,7 @@ from .routing import CACHE_AWARE, Key, RoutingTable, key_of
 from .queue import GatewayQueue, QueueSettings
 from .scoring import Knobs
 from .timeouts import Timeouts
+from .upstream import Pool
 from .services import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Gateway:
         self._model_timeouts: dict[str, dict] = {}
         self._timeouts: dict[str, Timeouts] = {}
         self.limiter = RedisLimiter(settings.LLMGW_REDIS_URL) if settings.LLMGW_REDIS_URL else LocalLimiter()
+        # The client of forwarded requests (gateway.upstream); aiohttp's session below reads engines' /metrics.
+        self.upstream = Pool(limit=settings.LLMGW_GATEWAY_MAX_CONNECTIONS)
         self.session: aiohttp.ClientSession | None = None
         self.started = False
         self._starting: asyncio.Future | None = None
@@ -183,6 +186,7 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        self.upstream.close()
         try:
             await self.limiter.close()
         except Exception:

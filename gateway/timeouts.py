@@ -17,9 +17,8 @@ gateways' users report).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import aiohttp
 from django.conf import settings
 
 FIELDS = ("connect", "ttft", "idle", "total")
@@ -31,8 +30,6 @@ class Timeouts:
     ttft: float
     idle: float
     total: float
-    # aiohttp's own part: the connect bound; reads are bounded by the gateway (per chunk).
-    client: aiohttp.ClientTimeout = field(compare=False, default=None)
 
     @classmethod
     def of(cls, overrides: dict | None) -> "Timeouts":
@@ -40,9 +37,7 @@ class Timeouts:
         for name, value in (overrides or {}).items():
             if name in FIELDS and value is not None:
                 values[name] = float(value)
-        connect = values["connect"]
-        client = aiohttp.ClientTimeout(total=None, sock_connect=connect or None, sock_read=None)
-        return cls(connect, values["ttft"], values["idle"], values["total"], client)
+        return cls(values["connect"], values["ttft"], values["idle"], values["total"])
 
 
 def defaults() -> dict[str, float]:

@@ -49,7 +49,8 @@ async def _key(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | 
 
 
 async def _authenticate(gw: Gateway, request: HttpRequest, endpoint: str) -> tuple[Key | None, HttpResponse | None]:
-    key, refused = await _key(gw, request, endpoint)
+    checked = getattr(request, "gateway_key", None)  # found by precheck, for the same request
+    key, refused = checked if checked is not None else await _key(gw, request, endpoint)
     if refused is None:
         gw.count(key)
     return key, refused
@@ -61,8 +62,11 @@ async def precheck(gw: Gateway, request: HttpRequest, view) -> HttpResponse | No
     if view is metrics:
         return _metrics_refusal(request)
     endpoint, allowed = ENDPOINTS[view]
-    return (_method(gw, request, endpoint, allowed) or _media_type(gw, request, endpoint)
-            or (await _key(gw, request, endpoint))[1])
+    refused = _method(gw, request, endpoint, allowed) or _media_type(gw, request, endpoint)
+    if refused is not None:
+        return refused
+    request.gateway_key = found = await _key(gw, request, endpoint)
+    return found[1]
 
 
 def _method(gw: Gateway, request: HttpRequest, endpoint: str, allowed: str) -> HttpResponse | None:
