@@ -11,8 +11,8 @@ HttpRequest made from the scope with only what the views read (``META``,
 ``method``, ``path``, ``body``: no query dicts, cookies or content-type
 parsing), and a Host header is checked against ``ALLOWED_HOSTS`` once per
 distinct value; whole answers are ``gateway.errors.Answer``. Together with
-the gateway's own client (``gateway.upstream``) these took a plain request
-from 0.36-0.50 to ... ms of CPU (docs/benchmarks.md, issue 20).
+the gateway's own client (``gateway.upstream``) these about halved a plain
+request's CPU (docs/benchmarks.md, issue 20).
 Nothing on this path touches the database (see ``gateway.runtime``).
 """
 
