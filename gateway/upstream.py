@@ -64,7 +64,7 @@ class Response:
     """An engine's answer: its status and content type once its head arrived, its body as it comes."""
 
     __slots__ = ("status", "content_type", "_conn", "_chunks", "_buffered", "_waiter", "_error", "complete",
-                 "_keep_alive", "_done", "_whole")
+                 "_keep_alive", "_done", "_whole", "framed")
 
     def __init__(self, conn: "_Connection") -> None:
         self.status = 0
@@ -78,6 +78,7 @@ class Response:
         self._keep_alive = False
         self._done = False  # released or closed: the connection is no longer this answer's
         self._whole = False  # read whole (read()): no back-pressure, the body is wanted in memory
+        self.framed = False  # a length or chunked encoding said where the body ends (else: at the close)
 
     # --- fed by the connection ----------------------------------------------------------
 
@@ -202,7 +203,10 @@ class _Connection(asyncio.Protocol):
         self._lost = True
         response = self.response
         if response is not None and not response.complete:
-            if response.status:
+            if response.status and not response.framed:
+                response.complete = True  # a body without a length ends where the connection does (HTTP/1.0)
+                response._wake()
+            elif response.status:
                 response._fail(Broken(f"the engine closed the connection mid-answer ({exc or 'closed'})"))
             else:
                 response._fail(Disconnected(f"the engine closed the connection before answering ({exc or 'closed'})"))
@@ -211,8 +215,11 @@ class _Connection(asyncio.Protocol):
     # --- httptools --------------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) == 12 and name.lower() == b"content-type":
+        size = len(name)
+        if size == 12 and name.lower() == b"content-type":
             self.response.content_type = value.decode("latin-1")
+        elif (size == 14 and name.lower() == b"content-length") or (size == 17 and name.lower() == b"transfer-encoding"):
+            self.response.framed = True
 
     def on_headers_complete(self) -> None:
         response = self.response

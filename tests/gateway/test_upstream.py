@@ -192,6 +192,24 @@ def test_closed_before_answering_is_disconnected_and_mid_answer_is_broken():
     assert run(scenario()) == 0
 
 
+def test_a_body_without_a_length_ends_at_the_close():
+    async def old_style(head, body, reader, writer):
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"old\": true}")
+        await writer.drain()
+        return "close"
+
+    async def scenario():
+        async with Server(old_style) as server:
+            pool = Pool()
+            response = await pool.post(HOST, server.port, "/x", b"{}", connect_timeout=2)
+            assert await response.read() == b'{"old": true}'
+            response.release()
+            await asyncio.sleep(0.05)
+            return pool.open_connections  # not kept: it ended with its connection
+
+    assert run(scenario()) == 0
+
+
 def test_a_stream_is_read_as_it_comes_and_a_slow_reader_pauses_the_engine():
     chunk = b"x" * 65536
     count = 32  # 2 MiB: far beyond the pool's high-water mark
