@@ -300,6 +300,7 @@ class Pool:
             if not conn.closed:
                 return conn
         while self.limit and self._open >= self.limit:
+            self._close_idle_elsewhere(key)  # at the limit, an idle connection to another engine makes room
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -348,6 +349,18 @@ class Pool:
         if idle and conn in idle:
             idle.remove(conn)
         self._wake_one()
+
+    def _close_idle_elsewhere(self, key: tuple[str, int]) -> None:
+        """Close the longest idle connection to another engine (its close wakes a waiter)."""
+        oldest = None
+        for other, idle in self._idle.items():
+            if other != key:
+                for conn in idle:
+                    if not conn.closed and (oldest is None or conn.idle_since < oldest.idle_since):
+                        oldest = conn
+        if oldest is not None:
+            self._idle[oldest.key].remove(oldest)
+            oldest.close()
 
     def _wake_one(self) -> None:
         while self._waiters:

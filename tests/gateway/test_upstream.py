@@ -270,6 +270,22 @@ def test_the_limit_makes_requests_wait_for_a_connection():
     run(scenario())
 
 
+def test_at_the_limit_an_idle_connection_to_another_engine_makes_room():
+    async def scenario():
+        async with Server(answer_ok) as one, Server(answer_ok) as two:
+            pool = Pool(limit=1)
+            response = await pool.post(HOST, one.port, "/x", b"{}", connect_timeout=2)
+            await response.read()
+            response.release()  # idle, to engine one
+            response = await asyncio.wait_for(pool.post(HOST, two.port, "/x", b"{}", connect_timeout=2), 5)
+            assert await response.read() == b"{}"
+            response.release()
+            assert pool.open_connections == 1 and (one.connections, two.connections) == (1, 1)
+            pool.close()
+
+    run(scenario())
+
+
 def test_a_request_cancelled_while_waiting_for_its_answer_closes_its_connection():
     async def scenario():
         gone = asyncio.Event()
