@@ -19,7 +19,9 @@ gateway's memory), and failures told apart the way forwarding needs them:
 - ``Disconnected``: the connection went before the answer's first byte (a
   pooled connection the engine had closed: the same replica may take the
   request again on a new one);
-- ``Broken``: the answer broke off, or was not HTTP.
+- ``Broken``: the answer broke off, was not HTTP, or its head passed
+  ``MAX_HEAD`` (an engine's head is a few hundred bytes; a node sending an
+  endless one does not fill the gateway's memory).
 
 aiohttp stays the client for everything else (engines' /metrics).
 """
@@ -37,7 +39,9 @@ KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's default was ou
 SWEEP_EVERY = 10.0
 # A streamed answer's bytes buffered here beyond this pause the engine's socket until the client took them.
 HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
+# An answer's head (status line and headers) larger than this is refused as broken: httptools holds a header
+# whole until it ends, and an engine's head is a few hundred bytes (aiohttp's bound was 8 KiB a line).
+MAX_HEAD = 64 * 1024
 
 
 class UpstreamError(Exception):
@@ -160,7 +164,7 @@ class Response:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("pool", "key", "loop", "transport", "parser", "response", "closed", "idle_since", "paused",
-                 "served", "_lost")
+                 "served", "_lost", "head_bytes")
 
     def __init__(self, pool: "Pool", key: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
         self.pool, self.key, self.loop = pool, key, loop
@@ -172,6 +176,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.served = 0  # answers read on this connection
         self._lost = False
+        self.head_bytes = 0  # bytes received of the current answer before its head ended
 
     # --- asyncio ------------------------------------------------------------------------------
 
@@ -189,10 +194,16 @@ class _Connection(asyncio.Protocol):
         if response is None:
             self.close()  # bytes nobody asked for: the connection is not fit to reuse
             return
+        if not response.status:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             response._fail(Broken(f"the engine's answer is not valid HTTP ({exc})"))
+            self.close()
+            return
+        if not response.status and self.head_bytes > MAX_HEAD:
+            response._fail(Broken(f"the engine's answer head is larger than {MAX_HEAD // 1024} KiB"))
             self.close()
 
     def eof_received(self) -> bool:
@@ -282,6 +293,7 @@ class Pool:
                 self._heads[(host, port, path)] = head
         conn = await self._acquire((host, port), connect_timeout)
         response = conn.response = Response(conn)
+        conn.head_bytes = 0
         try:
             conn.transport.write(b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body)))
             while not response.status:

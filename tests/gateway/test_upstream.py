@@ -169,6 +169,13 @@ def test_closed_before_answering_is_disconnected_and_mid_answer_is_broken():
         await writer.drain()
         return "close"
 
+    async def endless_head(head, body, reader, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Filler: ")
+        for _ in range(200):  # 1.6 MB of one header's value, never ended
+            writer.write(b"x" * 8192)
+            await writer.drain()
+        await reader.read()
+
     async def not_http(head, body, reader, writer):
         writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
         await writer.drain()
@@ -183,6 +190,9 @@ def test_closed_before_answering_is_disconnected_and_mid_answer_is_broken():
             with pytest.raises(Broken, match="mid-answer"):
                 await response.read()
             response.close()
+        async with Server(endless_head) as server:
+            with pytest.raises(Broken, match="head is larger than 64 KiB"):
+                await pool.post(HOST, server.port, "/x", b"{}", connect_timeout=2)
         async with Server(not_http) as server:
             with pytest.raises(Broken, match="not valid HTTP"):
                 await pool.post(HOST, server.port, "/x", b"{}", connect_timeout=2)
