@@ -454,12 +454,11 @@ LLMGW_LIMITS_COMPLETION_ESTIMATE = env.int("LLMGW_LIMITS_COMPLETION_ESTIMATE", d
 _KEYS_DEFAULT_PROBLEMS: list[str] = []
 
 
-def _keys_default(name: str, most: int, none: str = "no limit") -> int:
+def _keys_default(name: str, raw: str, most: int, none: str = "no limit") -> int:
     """A whole number from 0 to ``most`` (what the key's column holds); anything else is noted and refused
     by name below (environ's own int() would fail with a traceback that does not say which setting)."""
-    raw = env.str(name, default="").strip()
     try:
-        value = int(raw or 0)
+        value = int(raw.strip() or 0)
     except ValueError:
         value = -1
     if not 0 <= value <= most:
@@ -469,12 +468,20 @@ def _keys_default(name: str, most: int, none: str = "no limit") -> int:
     return value
 
 
-LLMGW_KEYS_DEFAULT_RPM = _keys_default("LLMGW_KEYS_DEFAULT_RPM", 2**31 - 1)
-LLMGW_KEYS_DEFAULT_TPM = _keys_default("LLMGW_KEYS_DEFAULT_TPM", 2**31 - 1)
-LLMGW_KEYS_DEFAULT_MAX_CONCURRENT = _keys_default("LLMGW_KEYS_DEFAULT_MAX_CONCURRENT", 2**31 - 1)
-LLMGW_KEYS_DEFAULT_DAILY_TOKENS = _keys_default("LLMGW_KEYS_DEFAULT_DAILY_TOKENS", 2**63 - 1)
-LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS = _keys_default("LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS", 2**63 - 1)
-LLMGW_KEYS_DEFAULT_EXPIRES_DAYS = _keys_default("LLMGW_KEYS_DEFAULT_EXPIRES_DAYS", 36500, none="never expires")
+_INT, _BIGINT = 2**31 - 1, 2**63 - 1
+LLMGW_KEYS_DEFAULT_RPM = _keys_default(
+    "LLMGW_KEYS_DEFAULT_RPM", env.str("LLMGW_KEYS_DEFAULT_RPM", default=""), _INT)
+LLMGW_KEYS_DEFAULT_TPM = _keys_default(
+    "LLMGW_KEYS_DEFAULT_TPM", env.str("LLMGW_KEYS_DEFAULT_TPM", default=""), _INT)
+LLMGW_KEYS_DEFAULT_MAX_CONCURRENT = _keys_default(
+    "LLMGW_KEYS_DEFAULT_MAX_CONCURRENT", env.str("LLMGW_KEYS_DEFAULT_MAX_CONCURRENT", default=""), _INT)
+LLMGW_KEYS_DEFAULT_DAILY_TOKENS = _keys_default(
+    "LLMGW_KEYS_DEFAULT_DAILY_TOKENS", env.str("LLMGW_KEYS_DEFAULT_DAILY_TOKENS", default=""), _BIGINT)
+LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS = _keys_default(
+    "LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS", env.str("LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS", default=""), _BIGINT)
+LLMGW_KEYS_DEFAULT_EXPIRES_DAYS = _keys_default(
+    "LLMGW_KEYS_DEFAULT_EXPIRES_DAYS", env.str("LLMGW_KEYS_DEFAULT_EXPIRES_DAYS", default=""), 36500,
+    none="never expires")
 LLMGW_KEYS_DEFAULT_PRIORITY = env.str("LLMGW_KEYS_DEFAULT_PRIORITY", default="standard").strip()
 # The gateway's queue for a model whose every replica is at capacity (gateway/queue.py): most waiting per
 # model and process (then 429), longest wait (then 503), the engine queue allowed beyond its batch limit, and
