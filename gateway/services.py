@@ -11,6 +11,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings as site_settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
@@ -69,11 +70,25 @@ def key_settings_validate(settings: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def key_defaults() -> dict[str, Any]:
+    """What a new key gets for each setting its creator does not give: the deployment's
+    LLMGW_KEYS_DEFAULT_* (0: no limit, never expires). Written on the key, not looked up when it is
+    used, so that the keys' list shows what each has and a default changed later leaves them as they are."""
+    defaults: dict[str, Any] = {
+        field: getattr(site_settings, f"LLMGW_KEYS_DEFAULT_{field.upper()}") or None for field in LIMIT_FIELDS}
+    days = site_settings.LLMGW_KEYS_DEFAULT_EXPIRES_DAYS
+    defaults["expires_at"] = timezone.now() + dt.timedelta(days=days) if days else None
+    defaults["priority"] = site_settings.LLMGW_KEYS_DEFAULT_PRIORITY
+    return defaults
+
+
 def key_create(*, name: str, models: list[str] | None = None, actor: str = "", **settings: Any) -> CreatedKey:
-    """A new key, optionally restricted to some catalog models, with limits,
-    an expiry and a priority (``SETTINGS_FIELDS``). ``actor`` (who asked) goes into the Event."""
+    """A new key, optionally restricted to some catalog models, with limits, an expiry and a priority
+    (``SETTINGS_FIELDS``; one not given takes the deployment's default, None is no limit or no expiry
+    whatever the default). ``actor`` (who asked) goes into the Event."""
     KEY_NAME(name)
     key_settings_validate(settings)
+    settings = {**key_defaults(), **settings}
     allowed = sorted({m.strip() for m in models or [] if m.strip()})
     if allowed:
         known = set(CatalogEntry.objects.filter(name__in=allowed).values_list("name", flat=True))

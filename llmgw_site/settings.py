@@ -448,6 +448,41 @@ LLMGW_GATEWAY_RETRY_AFTER = env.int("LLMGW_GATEWAY_RETRY_AFTER", default=2)
 # Tokens a request with limits reserves for its completion when it does not say max_tokens (gateway/limits.py);
 # settled to what the engine reports when the answer ends.
 LLMGW_LIMITS_COMPLETION_ESTIMATE = env.int("LLMGW_LIMITS_COMPLETION_ESTIMATE", default=256)
+# What a new key gets for each limit, its priority and lifetime when whoever creates it does not say
+# (gateway.services.key_create; LiteLLM's default_key_generate_params): stored on the key, so a default
+# changed later applies to keys created after it only. 0 or unset: no limit, never expires.
+_KEYS_DEFAULT_PROBLEMS: list[str] = []
+
+
+def _keys_default(name: str, raw: str, most: int, none: str = "no limit") -> int:
+    """A whole number from 0 to ``most`` (what the key's column holds); anything else is noted and refused
+    by name below (environ's own int() would fail with a traceback that does not say which setting)."""
+    try:
+        value = int(raw.strip() or 0)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= most:
+        _KEYS_DEFAULT_PROBLEMS.append(f"{name}={raw!r} must be a whole number from 0 to {most} "
+                                      f"(0 or unset: {none}); correct it or unset it")
+        return 0
+    return value
+
+
+_INT, _BIGINT = 2**31 - 1, 2**63 - 1
+LLMGW_KEYS_DEFAULT_RPM = _keys_default(
+    "LLMGW_KEYS_DEFAULT_RPM", env.str("LLMGW_KEYS_DEFAULT_RPM", default=""), _INT)
+LLMGW_KEYS_DEFAULT_TPM = _keys_default(
+    "LLMGW_KEYS_DEFAULT_TPM", env.str("LLMGW_KEYS_DEFAULT_TPM", default=""), _INT)
+LLMGW_KEYS_DEFAULT_MAX_CONCURRENT = _keys_default(
+    "LLMGW_KEYS_DEFAULT_MAX_CONCURRENT", env.str("LLMGW_KEYS_DEFAULT_MAX_CONCURRENT", default=""), _INT)
+LLMGW_KEYS_DEFAULT_DAILY_TOKENS = _keys_default(
+    "LLMGW_KEYS_DEFAULT_DAILY_TOKENS", env.str("LLMGW_KEYS_DEFAULT_DAILY_TOKENS", default=""), _BIGINT)
+LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS = _keys_default(
+    "LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS", env.str("LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS", default=""), _BIGINT)
+LLMGW_KEYS_DEFAULT_EXPIRES_DAYS = _keys_default(
+    "LLMGW_KEYS_DEFAULT_EXPIRES_DAYS", env.str("LLMGW_KEYS_DEFAULT_EXPIRES_DAYS", default=""), 36500,
+    none="never expires")
+LLMGW_KEYS_DEFAULT_PRIORITY = env.str("LLMGW_KEYS_DEFAULT_PRIORITY", default="standard").strip()
 # The gateway's queue for a model whose every replica is at capacity (gateway/queue.py): most waiting per
 # model and process (then 429), longest wait (then 503), the engine queue allowed beyond its batch limit, and
 # the share of a replica's capacity batch keys leave to interactive and standard ones.
@@ -568,3 +603,20 @@ if _timing_problems():
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured("settings that cannot work together:\n  - " + "\n  - ".join(_timing_problems()))
+
+
+def _keys_default_problems() -> list[str]:
+    from gateway.choices import Priority
+
+    problems = list(_KEYS_DEFAULT_PROBLEMS)
+    if LLMGW_KEYS_DEFAULT_PRIORITY not in Priority.values:
+        problems.append(f"LLMGW_KEYS_DEFAULT_PRIORITY={LLMGW_KEYS_DEFAULT_PRIORITY!r} is not a priority class: "
+                        f"use one of {', '.join(Priority.values)}, or unset it (standard)")
+    return problems
+
+
+if _keys_default_problems():
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("defaults of new API keys that cannot work:\n  - "
+                               + "\n  - ".join(_keys_default_problems()))

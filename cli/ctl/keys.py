@@ -12,11 +12,11 @@ def register(ctl_sub) -> None:
     create.add_argument("name")
     create.add_argument("--models", default="", help="comma-separated models it may use (default: all)")
     create.add_argument("-q", "--quiet", action="store_true", help="print the key alone (for scripts)")
-    _settings_flags(create)
+    _settings_flags(create, none="no limit, whatever the deployment's default; not given: that default")
     create.set_defaults(func=_create)
     update = keys_sub.add_parser("update", help="change a key's limits, expiry or priority (only the flags given)")
     update.add_argument("name")
-    _settings_flags(update)
+    _settings_flags(update, none="removes it")
     update.set_defaults(func=_update)
     usage = keys_sub.add_parser("usage", help="usage per key, model and hour, as the engines reported it")
     usage.add_argument("name", nargs="?", help="one key only")
@@ -38,9 +38,9 @@ _LIMITS = (("rpm", "requests per minute"), ("tpm", "tokens per minute (prompt + 
            ("monthly_tokens", "token budget per UTC month"))
 
 
-def _settings_flags(parser) -> None:
+def _settings_flags(parser, none: str) -> None:
     for field, what in _LIMITS:
-        parser.add_argument("--" + field.replace("_", "-"), metavar="N|none", help=f"{what}; 'none' removes it")
+        parser.add_argument("--" + field.replace("_", "-"), metavar="N|none", help=f"{what}; 'none': {none}")
     parser.add_argument("--expires", metavar="TIME|none",
                         help="when the key stops working (ISO 8601, e.g. 2027-01-31T00:00:00Z); 'none': never")
     parser.add_argument("--priority", choices=("interactive", "standard", "batch"),
@@ -66,12 +66,15 @@ def _settings(args) -> dict:
     return body
 
 
-def _describe(key: dict) -> str:
+def _limits(key: dict) -> str:
     parts = [f"{field}={key[field]}" for field, _ in _LIMITS if key.get(field)]
     if key.get("expires_at"):
         parts.append(f"expires {key['expires_at']}")
-    parts.append(f"priority {key.get('priority', 'standard')}")
-    return ", ".join(parts) if parts else "no limits"
+    return ", ".join(parts) or "none"
+
+
+def _describe(key: dict) -> str:
+    return f"{_limits(key)}, priority {key.get('priority', 'standard')}"
 
 
 def _create(args) -> int:
@@ -129,8 +132,9 @@ def _revoke(args) -> int:
 def _list(args) -> int:
     return print_listing(
         args, api_call("GET", "/api/v1/keys/"),
-        ["name", "prefix", "models", "state", "requests", "prompt tokens", "completion tokens", "last used"],
+        ["name", "prefix", "models", "state", "limits", "priority", "requests", "prompt tokens",
+         "completion tokens", "last used"],
         lambda k: [k["name"], k["prefix"] + "...", ",".join(k["models"]) or "all",
-                   "revoked" if k["revoked"] else "active", k["requests"], k["prompt_tokens"],
-                   k["completion_tokens"], (k["last_used_at"] or "never")[:19].replace("T", " ")],
+                   "revoked" if k["revoked"] else "active", _limits(k), k["priority"], k["requests"],
+                   k["prompt_tokens"], k["completion_tokens"], (k["last_used_at"] or "never")[:19].replace("T", " ")],
     )

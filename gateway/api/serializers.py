@@ -38,6 +38,9 @@ class ApiKeySettingsSerializer(StrictInput, serializers.Serializer):
 
 
 class ApiKeyCreateSerializer(ApiKeySettingsSerializer):
+    """A new key: a limit, expiry or priority not sent takes the deployment's default (LLMGW_KEYS_DEFAULT_*,
+    written on the key); null is no limit or no expiry whatever the default."""
+
     name = serializers.CharField(max_length=64)
     models = serializers.ListField(child=serializers.CharField(max_length=128), required=False, default=list)
 

@@ -53,6 +53,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
     def create(self, request):
+        """Create a key; settings not sent take the deployment's defaults (null: none). The key is in this
+        answer only."""
         serializer = ApiKeyCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         created = services.key_create(**serializer.validated_data, actor=actor(request))

@@ -58,3 +58,17 @@ def test_viewer_sees_usage_but_no_limits_form(viewer_client):
     page = viewer_client.get("/gateway/").content.decode()
     assert 'class="usage-chart"' in page and "/limits/" not in page
     assert viewer_client.post("/gateway/keys/team-a/limits/", {"rpm": "1"}).status_code == 403
+
+
+def test_the_key_form_says_the_defaults_and_applies_them(admin_client_ui, settings):
+    settings.LLMGW_KEYS_DEFAULT_RPM, settings.LLMGW_KEYS_DEFAULT_MAX_CONCURRENT = 60, 4
+    settings.LLMGW_KEYS_DEFAULT_EXPIRES_DAYS, settings.LLMGW_KEYS_DEFAULT_PRIORITY = 30, "batch"
+    page = admin_client_ui.get("/gateway/").content.decode()
+    says = "New keys get this deployment's defaults: 60 req/min, 4 at once, expires after 30 days, priority batch"
+    assert says in page
+    created = admin_client_ui.post("/gateway/keys/", {"name": "from-ui", "models": ""})
+    assert created.status_code == 201
+    row = ApiKey.objects.get(name="from-ui")
+    assert (row.rpm, row.tpm, row.max_concurrent, row.priority) == (60, None, 4, "batch")
+    assert row.expires_at > timezone.now() + dt.timedelta(days=29)
+    assert "60 req/min" in created.content.decode()

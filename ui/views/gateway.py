@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import render
@@ -18,6 +19,18 @@ from gateway.choices import Priority
 from ..usage_chart import usage_svg
 
 from .access import actor, back, operation, viewer
+
+
+def _defaults_text() -> str:
+    """The deployment's defaults for a new key (LLMGW_KEYS_DEFAULT_*), in the words of the keys' table."""
+    parts = [f"{value} {unit}" for value, unit in (
+        (settings.LLMGW_KEYS_DEFAULT_RPM, "req/min"), (settings.LLMGW_KEYS_DEFAULT_TPM, "tokens/min"),
+        (settings.LLMGW_KEYS_DEFAULT_MAX_CONCURRENT, "at once"),
+        (settings.LLMGW_KEYS_DEFAULT_DAILY_TOKENS, "tokens/day"),
+        (settings.LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS, "tokens/month")) if value] or ["no limits"]
+    if settings.LLMGW_KEYS_DEFAULT_EXPIRES_DAYS:
+        parts.append(f"expires after {settings.LLMGW_KEYS_DEFAULT_EXPIRES_DAYS} days")
+    return ", ".join([*parts, f"priority {settings.LLMGW_KEYS_DEFAULT_PRIORITY}"])
 
 
 def _context(request=None) -> dict:
@@ -40,7 +53,7 @@ def _context(request=None) -> dict:
     return {"keys": gateway_selectors.key_list().order_by("name"), "routes": routes, "processes": processes,
             "usage_chart": mark_safe(chart), "usage_key": usage_key,
             "usage_totals": [(k, m, *v) for (k, m), v in sorted(totals.items())],
-            "priorities": Priority.choices}
+            "priorities": Priority.choices, "key_defaults": _defaults_text()}
 
 
 @viewer("gateway.view_apikey")
