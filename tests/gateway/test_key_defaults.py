@@ -14,7 +14,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from tests.conftest import REPO, server_env
+from tests.conftest import REPO, kill_group, server_env
 
 _DEFAULTS = {"LLMGW_KEYS_DEFAULT_RPM": 60, "LLMGW_KEYS_DEFAULT_TPM": 0, "LLMGW_KEYS_DEFAULT_MAX_CONCURRENT": 4,
              "LLMGW_KEYS_DEFAULT_DAILY_TOKENS": 100_000, "LLMGW_KEYS_DEFAULT_MONTHLY_TOKENS": 0,
@@ -117,9 +117,16 @@ def test_ctl_and_rest_create_with_the_web_process_defaults(web_factory, admin_to
      "LLMGW_KEYS_DEFAULT_PRIORITY='urgent' is not a priority class: use one of interactive, standard, batch"),
 ])
 def test_bad_defaults_are_refused_at_start_by_name(tmp_path, env, says):
-    done = subprocess.run([sys.executable, "-m", "cli", "up", "--data-dir", str(tmp_path)], cwd=REPO,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    assert done.stderr.startswith("llmgw: defaults of new API keys that cannot work"), done.stderr[-500:]
-    assert says in done.stderr
-    assert "Traceback" not in done.stderr
+    # In a process group of its own: were the check ever to let it start, what it started is stopped too.
+    up = subprocess.Popen([sys.executable, "-m", "cli", "up", "--data-dir", str(tmp_path)], cwd=REPO,
+                          env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    try:
+        _, stderr = up.communicate(timeout=60)
+    finally:
+        kill_group(up.pid)
+        up.wait()
+    assert up.returncode != 0
+    assert stderr.startswith("llmgw: defaults of new API keys that cannot work"), stderr[-500:]
+    assert says in stderr
+    assert "Traceback" not in stderr
