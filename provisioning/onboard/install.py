@@ -10,6 +10,7 @@ authority's root go out. The order (agent before key) lets the agent's own
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -211,21 +212,28 @@ def _install_script(*, agent_dir: str, digest: str, pip_wheel: str, wheels: list
     ])
 
 
+_STAGING = re.compile(r"/tmp/llmgw-agent-[A-Za-z0-9]{10}")
+
+
 def agent_install(ctx: StepContext):
     paths_ = paths(ctx.job)
     wheels = agentwheel.wheels_ensure(Path(settings.DATA_DIR) / "agent-wheels")
     digest = wheels.name
 
     async def body(s: nodessh.Session):
-        staging = f"/tmp/llmgw-agent-{digest}-job{ctx.job.pk}"
-        # One command: installed already, or a fresh staging directory (the
-        # SSH user's: sftp writes into it).
+        # One command: installed already, or a fresh staging directory of the
+        # SSH user's (sftp writes into it), named by mktemp: a name known in
+        # advance could be made first by another user of the node's /tmp, or
+        # be another job's (two control planes' tests on one machine did).
         have = await s.run(f'if [ "$(readlink {q(str(paths_.venv))})" = {q(digest)} ] && '
                            f'{q(str(paths_.agent))} version >/dev/null 2>&1; then echo installed; '
-                           f'else rm -rf {q(staging)} && mkdir -m 700 {q(staging)}; fi', privileged=False)
+                           f'else mktemp -d /tmp/llmgw-agent-XXXXXXXXXX; fi', privileged=False)
         _must(have, "making the staging directory")
-        if have.out.strip() == "installed":
+        staging = have.out.strip()
+        if staging == "installed":
             return None
+        if not _STAGING.fullmatch(staging):
+            raise StepFailed(f"mktemp on the node answered {staging[:200]!r}, not a staging directory")
         async with s.conn.start_sftp_client() as sftp:
             await sftp.put([str(w) for w in sorted(wheels.glob("*.whl"))], staging)
         script = _install_script(
