@@ -79,7 +79,9 @@ for i = 1, #all, 2 do
       end
       for id, h in pairs(holds) do
         if inflight[id] == nil then held[id] = (held[id] or 0) + h end
-        if (want[id] or 0) > h then hungry[id] = true end
+      end
+      for id, w in pairs(want) do
+        if w > (holds[id] or 0) then hungry[id] = true end
       end
     end
   end
@@ -89,12 +91,14 @@ for id, w in pairs(wants) do
   local share, own, wanted = w[1], w[2], w[3]
   local ceiling = math.max(0, math.min(share - (held[id] or 0), wanted))
   if hungry[id] then ceiling = math.min(ceiling, math.ceil(share / live)) end
-  ceilings[id], holds[id], want[id] = ceiling, math.max(ceiling, own), wanted
+  ceilings[id] = ceiling
+  -- Only what is not nothing goes into the record, so that an idle process's stays small.
+  if math.max(ceiling, own) > 0 then holds[id] = math.max(ceiling, own) end
+  if wanted > 0 then want[id] = wanted end
 end
 local record = string.sub(ARGV[4], 1, -2)
-if next(ceilings) ~= nil then
-  record = record .. ', "held": ' .. cjson.encode(holds) .. ', "want": ' .. cjson.encode(want)
-end
+if next(holds) ~= nil then record = record .. ', "held": ' .. cjson.encode(holds) end
+if next(want) ~= nil then record = record .. ', "want": ' .. cjson.encode(want) end
 redis.call('HSET', KEYS[1], name, record .. '}')
 return cjson.encode({ceilings = ceilings, held = held})
 """

@@ -345,9 +345,13 @@ class Gateway:
             # part of each replica's batch share, in the same round trip (gateway/queue.py).
             counts = dict(state[1])
             wants = self.queue.wants(self.table, counts)
-            shares = await loop.run_in_executor(self._db, lambda: services.gateway_process_exchange(
-                name=self.name, routes=list(state[0]), inflight_counts=counts, wants=wants))
-            self.queue.shares(shares)
+            try:
+                shares = await loop.run_in_executor(self._db, lambda: services.gateway_process_exchange(
+                    name=self.name, routes=list(state[0]), inflight_counts=counts, wants=wants))
+            except Exception as exc:  # the rest of the sync goes on; the queue counts on the engines' readings
+                self._warn_now_and_then("gateway process record exchange failed: %s", exc)
+            else:
+                self.queue.shares(shares)
         elif state != self._published or now - self._published_at >= PUBLISH_AT_LEAST_EVERY:
             await loop.run_in_executor(
                 self._db, lambda: services.gateway_process_publish(
