@@ -17,7 +17,9 @@ generator (bench/_http_load.py) spends a few tens of microseconds a request.
    ``batch`` key at 0, then at the batch share of the engine (18 streams at
    20 and 0.1), then at twice that; each stream's connections alternate
    between the two gateway processes. The interactive key's TTFT p90 in each
-   phase against the unloaded one, and its failures.
+   phase against the unloaded one, and its failures; the engine's running and
+   waiting (read every 0.1 s) and the requests that waited in the gateways'
+   queue, which say where a slow interactive request waited.
 3. **CPU per request**, limits on against off: the same non-streamed load
    through one gateway process with a key without limits and with a key with
    every limit set (far above the load), alternating, ``--runs`` times; the
@@ -156,8 +158,48 @@ def exactness(ports: list[int], keys: dict[str, str], rpm: int, tpm: int) -> dic
 # --- 2: priorities ---------------------------------------------------------------------------
 
 
-async def priority_phase(ports: list[int], keys: dict[str, str], batch_streams: int, seconds: float) -> dict:
+async def get(port: int, path: str) -> str:
+    """A plain GET's body (the engine's and the gateway's /metrics, from loopback)."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n".encode())
+        answer = await reader.read()
+    finally:
+        writer.close()
+    return answer.split(b"\r\n\r\n", 1)[1].decode(errors="replace")
+
+
+def gauge(page: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)", page, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def queued(page: str) -> dict[str, float]:
+    """The gateway's requests that waited in its queue, by priority class (every process's: multiprocess)."""
+    counts: dict[str, float] = {}
+    for labels, value in re.findall(r"^llmgw_gateway_queued_total\{([^}]*)\} (\S+)", page, re.M):
+        if f'model="{SLOW}"' in labels and 'outcome="served"' in labels:
+            priority = re.search(r'priority="([^"]*)"', labels).group(1)
+            counts[priority] = counts.get(priority, 0) + float(value)
+    return counts
+
+
+async def priority_phase(ports: list[int], keys: dict[str, str], batch_streams: int, seconds: float,
+                         engine_port: int) -> dict:
     stop = time.perf_counter() + seconds
+    before = queued(await get(ports[0], "/metrics"))
+    engine = {"reads": 0, "running": 0, "waiting": 0, "queued_reads": 0}
+
+    async def watch() -> None:
+        """The engine's running and waiting every 0.1 s: whether the gateways kept it within its batch limit."""
+        while time.perf_counter() < stop:
+            page = await get(engine_port, "/metrics")
+            running, waiting = gauge(page, "vllm:num_requests_running"), gauge(page, "vllm:num_requests_waiting")
+            engine["reads"] += 1
+            engine["running"] = max(engine["running"], int(running))
+            engine["waiting"] = max(engine["waiting"], int(waiting))
+            engine["queued_reads"] += waiting > 0
+            await asyncio.sleep(0.1)
 
     def raw(port: int, key: str, tokens: int) -> bytes:
         return build_request(HOST, port, "/v1/chat/completions", chat(SLOW, tokens, stream=True),
@@ -179,12 +221,15 @@ async def priority_phase(ports: list[int], keys: dict[str, str], batch_streams: 
     # Every other stream through the other gateway process.
     tasks = [loop(ports[i % len(ports)], "batch", 200, batch, 0) for i in range(batch_streams)]
     tasks += [loop(ports[i % len(ports)], "interactive", 16, interactive, 0.1) for i in range(2)]
-    await asyncio.gather(*tasks)
+    await asyncio.gather(watch(), *tasks)
+    after = queued(await get(ports[0], "/metrics"))
     ttfts = [s.ttft for s in interactive if s.ok and s.ttft is not None]
     return {"batch_streams": batch_streams, "interactive": len(interactive),
             "interactive_failed": sum(1 for s in interactive if not s.ok),
             "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
-            "batch_ok": sum(1 for s in batch if s.ok), "batch_refused": sum(1 for s in batch if not s.ok)}
+            "batch_ok": sum(1 for s in batch if s.ok), "batch_refused": sum(1 for s in batch if not s.ok),
+            "queued": {k: int(v - before.get(k, 0)) for k, v in after.items() if v > before.get(k, 0)},
+            "engine": engine}
 
 
 def _setting(name: str, env: dict) -> str:
@@ -295,7 +340,8 @@ def main() -> int:
             print(f"\n2. interactive (2 streams, 16 tokens) while batch streams (200 tokens) load {SLOW} "
                   f"(batch limit {args.batch_limit}; batch share {batch_share} with headroom {headroom:g}), "
                   "each stream through one of the two gateway processes in turn")
-            phases = [asyncio.run(priority_phase(ports, keys, n, args.seconds)) for n in (0, batch_share, 2 * batch_share)]
+            phases = [asyncio.run(priority_phase(ports, keys, n, args.seconds, slow_port))
+                      for n in (0, batch_share, 2 * batch_share)]
             unloaded = phases[0]["ttft_p90"]
             for phase in phases:
                 ratio = phase["ttft_p90"] / unloaded if unloaded and phase["ttft_p90"] else float("nan")
@@ -303,6 +349,10 @@ def main() -> int:
                       f"{phase['ttft_p50'] * 1000:.1f} ms p90 {phase['ttft_p90'] * 1000:.1f} ms "
                       f"({ratio:.2f}x unloaded), {phase['interactive']} requests, {phase['interactive_failed']} failed;"
                       f" batch answered {phase['batch_ok']}, refused {phase['batch_refused']}", flush=True)
+                engine = phase["engine"]
+                print(f"      engine (read every 0.1 s, {engine['reads']} reads): running at most {engine['running']}, "
+                      f"waiting at most {engine['waiting']} (waiting in {engine['queued_reads']} reads); "
+                      f"waited in the gateways' queue: {phase['queued'] or 'none'}", flush=True)
             worst = max(p["ttft_p90"] for p in phases[1:]) / unloaded
             failed = sum(p["interactive_failed"] for p in phases)
             print(f"   goal: p90 within 10 % of unloaded, no interactive failure: "

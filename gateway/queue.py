@@ -4,18 +4,46 @@ requests wait here instead of piling onto the engines.
 A replica's capacity is its engine's batch limit (``--max-num-seqs`` in the
 catalog entry's args, vLLM's default otherwise) plus the engine queue allowed
 (``LLMGW_GATEWAY_ENGINE_QUEUE``); its load is this process's requests in
-flight on it now plus the other gateway processes' share of the engine's
-last reading (its running and waiting less what this process had there when
-it was read: gateway.engineload, as routing counts it), so that two
-processes do not each fill an engine to its batch limit; and it is full
-whatever those counts when its engine last said it queues more than
-allowed. The engine's whole running count is not used as the load: read once
-a second, it is stale by the time a slot frees, and taking it as a floor made
-requests wait for the next reading (measured: interactive TTFT p90 38x its
-unloaded value); this process's own part of it is taken from its own count,
-which is exact. Batch keys fill a replica only up to
-``1 - LLMGW_GATEWAY_BATCH_HEADROOM`` of its capacity: the rest is kept for
-interactive and standard keys, so that a batch flood never makes them wait.
+flight on it now, which is exact, plus the other gateway processes'. Batch
+keys fill a replica only up to ``1 - LLMGW_GATEWAY_BATCH_HEADROOM`` of its
+capacity (its batch share): the rest is kept for interactive and standard
+keys, so that a batch flood never makes them wait.
+
+The other processes are counted from the records every process writes on
+each sync (``LLMGW_GATEWAY_SYNC_INTERVAL``, 0.2 s), in one Redis round trip
+that also reads theirs back (gateway.inflight.EXCHANGE; nothing per
+request). That round trip divides each replica's batch share between the
+processes: each gets a ceiling, the most requests it may have there while it
+admits batch ones, from the slots the others neither use nor hold, and never
+more than an even share while another one wants more. The ceilings in force
+never add up past the share, so two processes cannot both let batch waiters
+into the same freed slots. Counting the others' in-flight counts alone did
+not do that: each process's own count is fresh and the others' a sync old,
+so after a burst both took the same free slots (measured: 23 requests on an
+engine of 20). Interactive and standard requests see every slot that the
+others neither use nor hold.
+
+Without Redis, or while no exchange has answered for ``OTHERS_FOR``, the
+others' part is taken from the engine's last reading instead (its running
+and waiting less what this process had there when it was read, as routing
+counts it), up to a scrape interval (1 s) old: enough for one process, which
+is what the embedded default runs; through two, both processes let batch
+waiters in at once and overfilled the engine (interactive TTFT p90 5-79x its
+unloaded value at twice the batch share). The engine's whole running count
+is never taken as the load: stale by the time a slot frees, it made requests
+wait for the next reading (38x through one process).
+
+A replica whose engine last said it queues more than
+``LLMGW_GATEWAY_ENGINE_QUEUE`` takes no more batch requests until a reading
+says otherwise. That queue comes from load the counts miss (clients that
+bypass the gateway, an engine that runs fewer than its batch limit because
+its KV cache is full); batch requests would only lengthen it. Interactive and
+standard requests still go: the counts bound them to the capacity, and held
+here they would wait for the next reading (a second) to learn that the
+engine's queue has drained, where in the engine they wait only for the few
+requests ahead of them. (Applied to every class, the rule kept interactive
+requests here for seconds while long batch streams drained an overfilled
+engine.)
 
 Waiting requests go in order of priority class (interactive, standard,
 batch), then round-robin between keys within a class (one key's burst does
@@ -31,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -46,6 +75,8 @@ QUEUED = Counter("llmgw_gateway_queued_total", "Requests that waited in the gate
 _CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANK.items()}
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default batch limit
 POLL = 0.05  # how often a model with waiters looks again (engine readings change without a request ending)
+OTHERS_FOR = 1.0  # seconds an exchange's answer (ceilings, the others' counts) is counted on
+_BATCH = PRIORITY_RANK[Priority.BATCH]
 _BATCH_FLAGS = re.compile(r"^--(max-num-seqs|max-running-requests)(?:=(\d+))?$")
 
 
@@ -154,29 +185,70 @@ class GatewayQueue:
         self.settings = settings
         self.models: dict[str, _ModelQueue] = {}
         self.capacity: dict[str, int] = {}  # model -> each replica's batch limit
+        # The last exchange's answer (Redis only: ``wants``, ``shares``, gateway.inflight.EXCHANGE).
+        self.held: dict[int, int] = {}  # replica id -> their requests there, or the batch slots they hold if more
+        self.ceilings: dict[int, int] = {}  # replica id -> the most this process may have there to admit batch
+        self.others_until = 0.0  # monotonic: counted on until then, the engines' readings after
 
     # --- room ----------------------------------------------------------------------------
+
+    def wants(self, table, inflight: dict[int, int]) -> dict[int, tuple[int, int, int]]:
+        """Before an exchange (gateway.inflight.EXCHANGE), for each ready replica: its batch share, this process's
+        requests there (in flight, and its waiters woken for the model but not yet sent) and the requests it
+        would have there (those and its batch waiters). Until the answer, batch keeps to what this process has
+        now: a ceiling the exchange lowers is the others' to take as soon as it is written."""
+        wants = {}
+        for model, routes in table.by_model.items():
+            queue = self.models.get(model)
+            granted = queue.granted if queue is not None else 0
+            demand = sum(map(len, queue.classes[_BATCH].values())) if queue is not None else 0
+            share = self._batch_share(model)
+            for route in routes:
+                own = inflight.get(route.replica_id, 0) + granted
+                wants[route.replica_id] = (share, own, own + demand)
+        self.ceilings = {replica_id: min(ceiling, wants[replica_id][1]) if replica_id in wants else 0
+                         for replica_id, ceiling in self.ceilings.items()}
+        return wants
+
+    def shares(self, shares) -> None:
+        """An exchange's answer (gateway.inflight.Shares)."""
+        self.ceilings, self.held = shares.ceilings, shares.held
+        self.others_until = time.monotonic() + OTHERS_FOR
+
+    def _batch_share(self, model: str) -> int:
+        capacity = self.capacity.get(model, DEFAULT_MAX_NUM_SEQS) + self.settings.engine_queue
+        return max(1, math.floor(capacity * (1 - self.settings.batch_headroom)))
 
     def _room(self, gw, model: str, rank: int) -> int:
         """Free slots on the model's ready replicas for a request of this class."""
         routes = gw.table.by_model.get(model)
         if not routes:
             return 1  # nothing to wait for here: forwarding answers it (no replica) at once
-        capacity = self.capacity.get(model, DEFAULT_MAX_NUM_SEQS) + self.settings.engine_queue
-        if rank == PRIORITY_RANK[Priority.BATCH]:
-            capacity = max(1, math.floor(capacity * (1 - self.settings.batch_headroom)))
-        free = 0
+        batch = rank == _BATCH
+        if batch:
+            capacity = self._batch_share(model)
+        else:
+            capacity = self.capacity.get(model, DEFAULT_MAX_NUM_SEQS) + self.settings.engine_queue
         engine_queue = self.settings.engine_queue
+        recorded = time.monotonic() < self.others_until
+        free = 0
         for route in routes:
-            load = route._inflight
+            own = route._inflight
             reading = route.engine
-            if reading is not None and reading.fresh:
-                waiting = reading.waiting or 0
-                if waiting > engine_queue:
-                    continue  # the engine queues more than allowed: full
-                load += others_share(reading.running, waiting, reading.own_at_read)
-            if load < capacity:
-                free += capacity - load
+            fresh = reading is not None and reading.fresh
+            if batch and fresh and (reading.waiting or 0) > engine_queue:
+                continue  # the engine queues more than allowed: no more batch there
+            ceiling = self.ceilings.get(route.replica_id) if batch and recorded else None
+            if ceiling is not None:
+                room = ceiling - own
+            elif recorded and not batch:
+                room = capacity - own - self.held.get(route.replica_id, 0)
+            else:
+                room = capacity - own
+                if fresh:
+                    room -= others_share(reading.running, reading.waiting or 0, reading.own_at_read)
+            if room > 0:
+                free += room
         queue = self.models.get(model)
         return free - (queue.granted if queue is not None else 0)
 

@@ -5,8 +5,9 @@ them in step with the database.
 Nothing on the request path touches the database: a task polls the routing
 version (``selectors.routing_version``) every ``LLMGW_GATEWAY_SYNC_INTERVAL``
 (0.2 s), reloads the table when it moves, publishes this process's in-flight
-counts for drains, and adds the keys' usage in batches. The database work
-runs on one thread of its own, so it never blocks the event loop.
+counts for drains and for the other processes' queues (reading theirs back),
+and adds the keys' usage in batches. The database work runs on one thread of
+its own, so it never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class Gateway:
         self._version: tuple | None = None
         self._loaded_at = 0.0
         self._published: tuple | None = None
+        self._peers = bool(settings.LLMGW_REDIS_URL)  # the other processes' records are read back (Redis only)
         self._published_at = 0.0
         self._flushed_at = time.monotonic()
         self._pruned_at = 0.0
@@ -342,7 +344,19 @@ class Gateway:
             self.metrics.decisions(decisions, self.table.policies)
         state = (tuple(self.table.routed_ids()), tuple(sorted(self.table.inflight_counts().items())))
         now = time.monotonic()
-        if state != self._published or now - self._published_at >= PUBLISH_AT_LEAST_EVERY:
+        if self._peers:
+            # With Redis, every sync also reads the other processes' records back and takes this process's
+            # part of each replica's batch share, in the same round trip (gateway/queue.py).
+            counts = dict(state[1])
+            wants = self.queue.wants(self.table, counts)
+            try:
+                shares = await loop.run_in_executor(self._db, lambda: services.gateway_process_exchange(
+                    name=self.name, routes=list(state[0]), inflight_counts=counts, wants=wants))
+            except Exception as exc:  # the rest of the sync goes on; the queue counts on the engines' readings
+                self._warn_now_and_then("gateway process record exchange failed: %s", exc)
+            else:
+                self.queue.shares(shares)
+        elif state != self._published or now - self._published_at >= PUBLISH_AT_LEAST_EVERY:
             await loop.run_in_executor(
                 self._db, lambda: services.gateway_process_publish(
                     name=self.name, routes=list(state[0]), inflight_counts=dict(state[1])))

@@ -201,6 +201,12 @@ def gateway_process_publish(*, name: str, routes: list[int], inflight_counts: di
     inflight.store().publish(name=name, routes=routes, inflight=inflight_counts)
 
 
+def gateway_process_exchange(*, name: str, routes: list[int], inflight_counts: dict[int, int],
+                             wants: dict[int, tuple[int, int, int]]) -> inflight.Shares:
+    """Publish this process's record and take its batch ceilings (Redis only: gateway.inflight.EXCHANGE)."""
+    return inflight.store().exchange(name=name, routes=routes, inflight=inflight_counts, wants=wants)
+
+
 def gateway_process_forget(*, name: str) -> None:
     inflight.store().forget(name)
 

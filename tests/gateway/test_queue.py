@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from gateway.queue import GatewayQueue, QueueSettings, Refusal, batch_limit
+from gateway.queue import GatewayQueue, QueueSettings, Refusal, _ModelQueue, _Waiter, batch_limit
 from gateway.routing import Route
 
 
@@ -100,6 +100,69 @@ def test_room_counts_the_other_gateways_share_of_a_fresh_reading():
     assert queue._room(gw, "m", 1) == 0
     route.engine.stale_at = time.monotonic() - 1  # a stale reading counts for nothing
     assert queue._room(gw, "m", 1) == 4
+
+
+def test_room_counts_the_other_processes_from_the_last_exchange():
+    from gateway.engineload import EngineReading
+    from gateway.inflight import Shares
+
+    gw, (route,) = _gw(10, 2)
+    queue = _queue(10, headroom=0.2)  # batch share 8
+    # The engine's reading would say the others have 6 there; the exchange (a sync old at most) says 5.
+    route.engine = EngineReading(running=8, waiting=0, own_at_read=2, stale_at=time.monotonic() + 5)
+    assert queue._room(gw, "m", 0) == 2
+    queue.shares(Shares(ceilings={0: 4}, held={0: 5}))
+    assert queue._room(gw, "m", 0) == 3  # interactive: 10 - 2 own - 5 the others use or hold
+    assert queue._room(gw, "m", 2) == 2  # batch: up to this process's ceiling, 4
+    route._inflight = 1  # one of its own ended: its slot stays its own, at once
+    assert (queue._room(gw, "m", 0), queue._room(gw, "m", 2)) == (4, 3)
+    queue.shares(Shares(ceilings={0: 1}, held={0: 7}))  # the others took theirs
+    assert (queue._room(gw, "m", 0), queue._room(gw, "m", 2)) == (2, 0)
+
+
+def test_without_a_fresh_exchange_the_engine_reading_counts_the_others():
+    from gateway.engineload import EngineReading
+    from gateway.inflight import Shares
+
+    gw, (route,) = _gw(10, 2)
+    queue = _queue(10)
+    route.engine = EngineReading(running=8, waiting=0, own_at_read=2, stale_at=time.monotonic() + 5)
+    queue.shares(Shares(ceilings={0: 10}, held={}))
+    assert (queue._room(gw, "m", 0), queue._room(gw, "m", 2)) == (8, 8)
+    queue.others_until = time.monotonic() - 0.1  # no exchange answered lately (Redis away)
+    assert (queue._room(gw, "m", 0), queue._room(gw, "m", 2)) == (2, 2)  # 10 - 2 own - 6 the reading's others
+    # A replica the last exchange did not cover (new in the table since) is counted from the reading too.
+    queue.shares(Shares(ceilings={}, held={}))
+    assert queue._room(gw, "m", 2) == 2
+
+
+def test_an_engine_that_queues_takes_no_more_batch_but_still_interactive():
+    from gateway.engineload import EngineReading
+
+    gw, (route,) = _gw(10, 2)
+    queue = _queue(10)  # LLMGW_GATEWAY_ENGINE_QUEUE 0
+    route.engine = EngineReading(running=3, waiting=1, own_at_read=2, stale_at=time.monotonic() + 5)
+    assert queue._room(gw, "m", 2) == 0  # batch: the engine's queue would only grow
+    assert queue._room(gw, "m", 0) == 6 and queue._room(gw, "m", 1) == 6  # 10 - 2 own - 2 the others'
+    route.engine = EngineReading(running=3, waiting=0, own_at_read=2, stale_at=time.monotonic() + 5)
+    assert queue._room(gw, "m", 2) == 7
+
+
+def test_wants_hold_batch_to_what_the_process_has_until_the_answer():
+    from gateway.inflight import Shares
+
+    gw, (route,) = _gw(10, 3)
+    queue = _queue(10, headroom=0.2)
+    queue.shares(Shares(ceilings={0: 6}, held={}))
+    assert queue._room(gw, "m", 2) == 3
+    queue.models["m"] = waiting = _ModelQueue()
+    for key in (1, 1, 2):
+        waiting.push(_Waiter(None, key, 2))
+    waiting.granted = 1  # woken, not yet sent: counted as this process's
+    assert queue.wants(gw.table, {0: 3}) == {0: (8, 4, 7)}  # share 8, 3 + 1 there, 3 batch waiters more
+    assert queue._room(gw, "m", 2) == 0  # ceiling 4 until the exchange answers: the woken one fills it
+    route._inflight = 2
+    assert queue._room(gw, "m", 2) == 1  # its own freed slot stays its own
 
 
 def test_bounds_count_then_wait():
@@ -251,7 +314,8 @@ def test_an_evicted_waiter_whose_client_left_in_the_same_turn():
 
 
 def test_two_gateway_processes_do_not_overfill_an_engine(gateway_web, make_replica, sim_engine):
-    """Each process counts the other's requests (the engine's reading less its own) toward the batch limit."""
+    """Each process counts the other's requests (from its record, read back on each sync) toward the batch
+    limit."""
     import re
 
     from gateway.load_report import deployment_load
@@ -288,3 +352,75 @@ def test_two_gateway_processes_do_not_overfill_an_engine(gateway_web, make_repli
     assert fills == [200, 200] and late == 200
     assert queued == 1  # the second process queued its request ...
     assert most <= 2  # ... and the engine never ran more than its batch limit
+
+
+@pytest.fixture
+def exchange_store():
+    """gateway.inflight.RedisInflight on a hash of its own in the tests' Redis."""
+    import os
+    import uuid
+
+    from gateway.inflight import RedisInflight
+
+    url = os.environ.get("LLMGW_REDIS_URL")
+    if not url:
+        pytest.skip("needs LLMGW_REDIS_URL")
+    store = RedisInflight(url, key=f"llmgw:test:processes:{uuid.uuid4().hex}")
+    yield store
+    store.client.delete(store.key)
+    store.client.close()
+
+
+def test_the_exchange_never_lets_the_processes_hold_more_than_the_batch_share(exchange_store):
+    """Three processes exchange in a random order, each admitting up to its ceiling and ending requests at random
+    between: the batch requests on the replica never add up past its share, and a process that waits alone gets
+    every free slot."""
+    import random
+
+    rng = random.Random(24)
+    share, names = 12, ["a", "b", "c"]
+    own = dict.fromkeys(names, 0)
+    waiting = dict.fromkeys(names, 0)
+    most = 0
+    for _ in range(600):
+        name = rng.choice(names)
+        waiting[name] = max(0, waiting[name] + rng.choice((-3, 0, 2, 5)))
+        answer = exchange_store.exchange(name=name, routes=[7], inflight={7: own[name]} if own[name] else {},
+                                         wants={7: (share, own[name], own[name] + waiting[name])})
+        taken = max(0, min(waiting[name], answer.ceilings[7] - own[name]))
+        own[name] += taken
+        waiting[name] -= taken
+        for other in names:
+            own[other] -= rng.randint(0, own[other] // 2)
+        assert sum(own.values()) <= share, own
+        most = max(most, sum(own.values()))
+    assert most == share  # the share was used, not only kept
+
+    for name in names:  # only "a" wants more: it gets every slot the others do not use
+        own[name] = 0
+        exchange_store.exchange(name=name, routes=[7], inflight={}, wants={7: (share, 0, 0)})
+    assert exchange_store.exchange(name="a", routes=[7], inflight={}, wants={7: (share, 0, 20)}).ceilings == {7: 12}
+
+
+def test_the_exchange_shares_evenly_while_others_want_more_and_forgets_the_gone(exchange_store):
+    share = 12
+    first = exchange_store.exchange(name="a", routes=[7], inflight={}, wants={7: (share, 0, 30)})
+    assert first.ceilings == {7: 12} and first.held == {}
+    # "b" wants as much: "a" holds all of it, so "b" gets nothing now, and "a" is told to come down to 6.
+    assert exchange_store.exchange(name="b", routes=[7], inflight={}, wants={7: (share, 0, 30)}).ceilings == {7: 0}
+    down = exchange_store.exchange(name="a", routes=[7], inflight={7: 12}, wants={7: (share, 12, 30)})
+    assert down.ceilings == {7: 6} and down.held == {}  # "b" holds nothing yet
+    # "a"'s requests end below it; "b" takes the rest.
+    exchange_store.exchange(name="a", routes=[7], inflight={7: 5}, wants={7: (share, 5, 30)})
+    assert exchange_store.exchange(name="b", routes=[7], inflight={}, wants={7: (share, 0, 30)}).ceilings == {7: 6}
+    # A process whose record is older than inflight.STALE_AFTER is gone: what it held is free.
+    import json
+
+    record = json.loads(exchange_store.client.hget(exchange_store.key, "b"))
+    record["at"] -= 60
+    exchange_store.client.hset(exchange_store.key, "b", json.dumps(record))
+    alone = exchange_store.exchange(name="a", routes=[7], inflight={7: 6}, wants={7: (share, 6, 30)})
+    assert alone.ceilings == {7: 12}
+    # Interactive requests count toward a process's requests but a slot one leaves is not batch's to take.
+    over = exchange_store.exchange(name="a", routes=[7], inflight={7: 14}, wants={7: (share, 14, 20)})
+    assert over.ceilings == {7: 12}
