@@ -58,10 +58,13 @@ def main() -> int:
             limiter = RedisLimiter(args.redis)
             await run(limiter, 500, concurrency)  # warm: scripts loaded, connections open
             result = await run(limiter, args.requests, concurrency)
-            keys = [k async for k in limiter.client.scan_iter("llmgw:limit:*")]
-            if keys:
-                await limiter.client.delete(*keys)
             await limiter.close()
+            import redis.asyncio as aredis
+
+            async with aredis.Redis.from_url(args.redis) as client:  # the run's counters, gone
+                keys = [k async for k in client.scan_iter("llmgw:limit:*")]
+                if keys:
+                    await client.delete(*keys)
             return result
 
         ms, rate = asyncio.run(redis_run())

@@ -6,10 +6,12 @@ per UTC month. Each gateway process admits a request with one atomic Lua
 script in Redis that checks every limit and, only when all hold, counts the
 request and reserves an estimate of its tokens; when the answer ends, a
 second script settles the reservation to the tokens the engine reported and
-releases the concurrency slot. Scripts from concurrent requests are sent in
-one pipeline per event-loop turn, so a burst costs one round trip; a settle
-waits up to ``SETTLE_DELAY`` to ride with the next admission. Nothing about
-a key without limits touches Redis.
+releases the concurrency slot. Scripts from concurrent requests are written
+together at the end of an event-loop turn on the limiter's own connection
+(``_Link``: hiredis packs and parses, answers are handed out as they arrive,
+no task per round trip), so a burst costs one round trip; a settle waits up
+to ``SETTLE_DELAY`` to ride with the next admission. Nothing about a key
+without limits touches Redis.
 
 Windows are fixed UTC minutes, days and months: within a minute at most RPM
 requests are admitted, whichever processes admit them. Without Redis (the
@@ -29,6 +31,7 @@ import datetime as dt
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -225,104 +228,94 @@ class Ticket:
 
 
 class RedisLimiter:
-    """Admits and settles through Redis, one pipeline per loop turn."""
+    """Admits and settles through Redis: the scripts of one event-loop turn go out in one write on the
+    limiter's own connection (``_Link``), and their answers are read as they arrive."""
 
     def __init__(self, url: str) -> None:
-        import redis.asyncio as aredis
+        from redis.connection import parse_url
 
-        # No per-read timeout from redis-py (it wraps every read in a timeout of its own): one per round trip.
-        self.client = aredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=REDIS_TIMEOUT)
-        self._conn = None  # the limiter's own connection: flushes never overlap, so one is enough
-        self._sha: tuple[str, str] | None = None
-        self._pending: list[tuple[str, tuple, asyncio.Future | None]] = []
-        self._flushing: asyncio.Task | None = None
+        self.options = parse_url(url)
+        self._link: _Link | None = None
+        self._connecting: asyncio.Task | None = None
+        self._pending: list[list] = []  # [script, args, future or None]: not yet written
+        self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
 
-    async def _shas(self) -> tuple[str, str]:
-        if self._sha is None:
-            self._sha = (await self.client.script_load(_ADMIT), await self.client.script_load(_SETTLE))
-        return self._sha
+    # --- sending --------------------------------------------------------------------------
 
-    async def _roundtrip(self, commands: list[tuple]) -> list:
-        """The commands' answers (an error as its exception), in one write and one wait: on the limiter's own
-        connection, without the pool's and the pipeline object's bookkeeping (most of the limiter's CPU)."""
-        from redis.exceptions import ResponseError
-
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = await self.client.connection_pool.get_connection()
-        try:
-            async with asyncio.timeout(REDIS_TIMEOUT):
-                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-                results = []
-                for _ in commands:
-                    try:
-                        results.append(await conn.read_response())
-                    except ResponseError as exc:
-                        results.append(exc)
-                return results
-        except BaseException:
-            # Answers may still be on their way: a fresh connection next time, never one out of step.
-            self._conn = None
-            await self.client.connection_pool.release(conn)
-            await conn.disconnect()
-            raise
-
-    def _send(self, which: str, args: tuple, future: asyncio.Future | None) -> None:
-        self._pending.append((which, args, future))
-        if self._flushing is not None and not self._flushing.done():
-            return  # the running flush takes it on its next lap
+    def _send(self, script: "_Script", args: tuple, future: asyncio.Future | None) -> None:
+        self._pending.append([script, args, future])
         if future is None:
-            # A settle waits a moment for the next admission's pipeline (one round trip for both), or
-            # goes alone after SETTLE_DELAY: a concurrency slot comes back at most that much later.
-            if self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(SETTLE_DELAY, self._kick)
+            # A settle waits a moment for the next admission's write (one round trip for both), or goes
+            # alone after SETTLE_DELAY: a concurrency slot comes back at most that much later.
+            if self._timer is None and not self._scheduled:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_DELAY, self._flush)
             return
-        self._kick()
+        if not self._scheduled:
+            # At the end of this loop turn: this turn's other admissions join the write.
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
-    def _kick(self) -> None:
+    def _flush(self) -> None:
+        self._scheduled = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._pending and (self._flushing is None or self._flushing.done()):
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+        if not self._pending:
+            return
+        link = self._link
+        if link is None or link.closed:
+            if self._connecting is None or self._connecting.done():
+                self._connecting = asyncio.get_running_loop().create_task(self._connect())
+            return  # written once connected (or failed, admitted without limits)
+        batch, self._pending = self._pending, []
+        link.write(batch)
 
-    async def _flush(self) -> None:
-        await asyncio.sleep(0)  # let this turn's other requests join the pipeline
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                results = await self._run(batch)
-            except Exception as exc:
-                LIMIT_ERRORS.inc(sum(1 for _, _, f in batch if f is not None))
-                logger.warning("gateway limits: redis failed (admitting without limits): %s", exc)
-                self._sha = None
-                results = [exc] * len(batch)
-            for (_, _, future), result in zip(batch, results):
-                if future is not None and not future.done():
-                    if isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        options = self.options
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT):
+                if "path" in options:
+                    _, link = await loop.create_unix_connection(lambda: _Link(loop), options["path"])
+                else:
+                    ssl = None
+                    if options.get("connection_class") is not None and "SSL" in options["connection_class"].__name__:
+                        import ssl as ssl_module
 
-    async def _run(self, batch: list) -> list:
-        from redis.exceptions import NoScriptError
+                        ssl = ssl_module.create_default_context(cafile=options.get("ssl_ca_certs"))
+                    _, link = await loop.create_connection(lambda: _Link(loop), options.get("host", "localhost"),
+                                                           options.get("port", 6379), ssl=ssl)
+                hello = []
+                if options.get("password"):
+                    auth = (options["username"], options["password"]) if options.get("username") else (
+                        options["password"],)
+                    hello.append(("AUTH", *auth))
+                if options.get("db"):
+                    hello.append(("SELECT", options["db"]))
+                for command in hello:
+                    future = loop.create_future()
+                    link.write([[_HELLO, command, future]])
+                    answer = await future
+                    if isinstance(answer, Exception):
+                        raise answer
+        except Exception as exc:
+            self._fail_pending(exc)
+            return
+        self._link = link
+        self._flush()
 
-        for attempt in (1, 2):
-            admit, settle = await self._shas()
-            results = await self._roundtrip([("EVALSHA", admit if which == "admit" else settle, *args)
-                                             for which, args, _ in batch])
-            if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
-                self._sha = None  # Redis restarted, or its scripts were flushed
-                continue
-            return results
-        return results
+    def _fail_pending(self, exc: BaseException) -> None:
+        batch, self._pending = self._pending, []
+        _failed(batch, exc)
+
+    # --- the limiter ------------------------------------------------------------------------
 
     async def admit(self, key_id: int, limits: Limits, estimate: int) -> Verdict:
         now = time.time()
         win = windows(key_id, now)
         future = asyncio.get_running_loop().create_future()
-        self._send("admit", (5, *win.keys, *limits.values(), estimate, CONCURRENCY_TTL), future)
+        self._send(_ADMIT_SCRIPT, (5, *win.keys, *limits.values(), estimate, CONCURRENCY_TTL), future)
         try:
             answer = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -345,19 +338,155 @@ class RedisLimiter:
         limits, keys = verdict.limits, verdict.windows.keys
         flags = ("1" if limits.concurrent else "0", "1" if limits.tpm else "0", "1" if limits.daily_tokens else "0",
                  "1" if limits.monthly_tokens else "0")
-        self._send("settle", (4, keys[1], keys[2], keys[3], keys[4], tokens - verdict.estimate, *flags), None)
+        self._send(_SETTLE_SCRIPT, (4, keys[1], keys[2], keys[3], keys[4], tokens - verdict.estimate, *flags), None)
 
     async def close(self) -> None:
-        self._kick()
-        if self._flushing is not None:
+        if self._pending:
+            self._flush()
+        if self._connecting is not None and not self._connecting.done():
             try:
-                await self._flushing
+                await self._connecting
             except Exception:
                 pass
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            await self.client.connection_pool.release(conn)
-        await self.client.aclose()
+        link = self._link
+        if link is not None:
+            await link.drained(REDIS_TIMEOUT)
+            link.close()
+            self._link = None
+
+
+class _Script:
+    """A Lua script sent by its SHA-1 (EVALSHA), and whole (EVAL) to a Redis that does not know it yet."""
+
+    __slots__ = ("source", "sha")
+
+    def __init__(self, source: str) -> None:
+        import hashlib
+
+        self.source, self.sha = source, hashlib.sha1(source.encode()).hexdigest()
+
+
+_ADMIT_SCRIPT, _SETTLE_SCRIPT = _Script(_ADMIT), _Script(_SETTLE)
+_HELLO = "hello"  # an entry of the connection's own (AUTH, SELECT): not a request's
+
+
+def _failed(entries, exc: BaseException) -> None:
+    """Entries that got no answer: an admission goes on without limits (logged and counted); a settle is lost
+    (its concurrency slot frees itself after CONCURRENCY_TTL)."""
+    futures = [(script, future) for script, _, future in entries if future is not None and not future.done()]
+    admissions = sum(1 for script, _ in futures if script is not _HELLO)
+    if admissions:
+        LIMIT_ERRORS.inc(admissions)
+        logger.warning("gateway limits: redis failed (admitting without limits): %s", exc)
+    error = ConnectionError(f"redis: {exc}")
+    for _, future in futures:
+        future.set_exception(error)
+
+
+class _Link(asyncio.Protocol):
+    """The limiter's connection: commands written in batches, answers parsed by hiredis as they arrive and
+    handed, in order, to whoever waits for them. No task per round trip, no reader coroutine: redis-py's
+    pipeline and parser around the same scripts were most of the limiter's CPU. A connection that does not
+    answer within REDIS_TIMEOUT is dropped with everything it carried (admitted without limits)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        import hiredis
+
+        self.loop = loop
+        self.reader = hiredis.Reader()
+        self.pack = hiredis.pack_command
+        self.transport = None
+        # [script (a _Script; None: a command whole; _HELLO), args, future or None] in the order written
+        self.waiting: deque = deque()
+        self.closed = False
+        self.progress = 0.0
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.empty: asyncio.Future | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def write(self, batch: list) -> None:
+        if self.closed:
+            _failed(batch, ConnectionError("the connection to Redis closed"))
+            return
+        pack = self.pack
+        chunks = []
+        for entry in batch:
+            script, args, _ = entry
+            chunks.append(pack(("EVALSHA", script.sha, *args)) if isinstance(script, _Script) else pack(args))
+        if not self.waiting:
+            self.progress = self.loop.time()
+        self.waiting.extend(batch)
+        self.transport.write(b"".join(chunks))
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_later(REDIS_TIMEOUT, self._check)
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        waiting = self.waiting
+        while True:
+            try:
+                reply = self.reader.gets()
+            except Exception as exc:  # hiredis.ProtocolError: not Redis, or out of step
+                self._drop(exc)
+                return
+            if reply is False:
+                break
+            if not waiting:
+                self._drop(ConnectionError("an answer nobody asked for"))
+                return
+            script, args, future = waiting.popleft()
+            if isinstance(reply, Exception) and isinstance(script, _Script) and str(reply).startswith("NOSCRIPT"):
+                # Redis restarted, or its scripts were flushed: once whole (EVAL loads it for the next ones).
+                waiting.append([None, ("EVAL", script.source, *args), future])
+                self.transport.write(self.pack(("EVAL", script.source, *args)))
+                continue
+            if future is not None and not future.done():
+                future.set_result(reply)
+        self.progress = self.loop.time()
+        if not waiting and self.empty is not None and not self.empty.done():
+            self.empty.set_result(None)
+
+    def _check(self) -> None:
+        self.watchdog = None
+        if not self.waiting or self.closed:
+            return
+        late = self.loop.time() - self.progress
+        if late >= REDIS_TIMEOUT:
+            self._drop(TimeoutError(f"no answer from Redis within {REDIS_TIMEOUT:g}s"))
+        else:
+            self.watchdog = self.loop.call_later(REDIS_TIMEOUT - late, self._check)
+
+    def _drop(self, exc: BaseException) -> None:
+        self.close()
+        waiting, self.waiting = list(self.waiting), deque()
+        _failed(waiting, exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
+        if self.waiting:
+            waiting, self.waiting = list(self.waiting), deque()
+            _failed(waiting, exc or ConnectionError("Redis closed the connection"))
+        if self.empty is not None and not self.empty.done():
+            self.empty.set_result(None)
+
+    async def drained(self, timeout: float) -> None:
+        """Until every answer written for has arrived (the last settles), at most ``timeout``."""
+        if self.waiting and not self.closed:
+            self.empty = self.loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self.empty), timeout)
+            except TimeoutError:
+                pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
 
 
 def _verdict(answer, limits: Limits, win: Windows, estimate: int, now: float) -> Verdict:
