@@ -149,6 +149,7 @@ class Response:
         conn = self._conn
         conn.response = None
         if self.complete and self._keep_alive and not conn.closed:
+            conn.resume()  # (paused by an end that came faster than it was read)
             conn.pool._put(conn)
         else:
             conn.close()
