@@ -279,8 +279,10 @@ class RedisLimiter:
                 if "path" in options:
                     _, link = await loop.create_unix_connection(lambda: _Link(loop), options["path"])
                 else:
+                    from redis.connection import SSLConnection
+
                     ssl = None
-                    if options.get("connection_class") is not None and "SSL" in options["connection_class"].__name__:
+                    if options.get("connection_class") is SSLConnection:  # rediss://
                         import ssl as ssl_module
 
                         ssl = ssl_module.create_default_context(cafile=options.get("ssl_ca_certs"))

@@ -131,9 +131,6 @@ class GatewayMetrics:
         if failed:
             ENGINE_READS.labels("failed").inc(failed)
 
-    def inflight(self, model: str, replica: str, count: int) -> None:
-        INFLIGHT.labels(model, replica).set(count)
-
 
 class ClusterCollector:
     """The cluster's figures, from ``gateway.selectors.cluster_gauges`` read for this scrape."""

@@ -307,12 +307,8 @@ class Pool:
         return response
 
     async def _acquire(self, key: tuple[str, int], connect_timeout: float | None) -> _Connection:
-        idle = self._idle.get(key)
-        while idle:
-            conn = idle.pop()  # the most recently used: the least likely to have been closed by the engine
-            if not conn.closed:
-                return conn
-        while self.limit and self._open >= self.limit:
+        conn = self._reuse(key)
+        while conn is None and self.limit and self._open >= self.limit:
             self._close_idle_elsewhere(key)  # at the limit, an idle connection to another engine makes room
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -321,12 +317,17 @@ class Pool:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-            idle = self._idle.get(key)
-            while idle:
-                conn = idle.pop()
-                if not conn.closed:
-                    return conn
-        return await self._connect(key, connect_timeout)
+            conn = self._reuse(key)
+        return conn if conn is not None else await self._connect(key, connect_timeout)
+
+    def _reuse(self, key: tuple[str, int]) -> _Connection | None:
+        """An idle connection to the engine: the most recently used, the least likely to have been closed."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
 
     async def _connect(self, key: tuple[str, int], connect_timeout: float | None) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -357,15 +357,13 @@ def test_two_gateway_processes_do_not_overfill_an_engine(gateway_web, make_repli
 @pytest.fixture
 def exchange_store():
     """gateway.inflight.RedisInflight on a hash of its own in the tests' Redis."""
-    import os
     import uuid
+
+    from django.conf import settings
 
     from gateway.inflight import RedisInflight
 
-    url = os.environ.get("LLMGW_REDIS_URL")
-    if not url:
-        pytest.skip("needs LLMGW_REDIS_URL")
-    store = RedisInflight(url, key=f"llmgw:test:processes:{uuid.uuid4().hex}")
+    store = RedisInflight(settings.LLMGW_REDIS_URL, key=f"llmgw:test:processes:{uuid.uuid4().hex}")
     yield store
     store.client.delete(store.key)
     store.client.close()
