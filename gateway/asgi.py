@@ -42,6 +42,10 @@ GATEWAY_PATHS = frozenset({"/metrics"})
 # pass for one with "-"); remembered for this many names.
 _META_NAMES: dict[bytes, str | None] = {}
 _META_NAMES_MAX = 512
+# The scope extension by which the web process's protocol (web.protocol, which names it too) offers to call
+# back when the client goes away: a callable taking the callback, or None to stop watching.
+DISCONNECT_EXTENSION = "llmgw.on_disconnect"
+_NONE: dict = {}
 # Host header values that passed the ALLOWED_HOSTS check, remembered for this many.
 _HOSTS_MAX = 256
 
@@ -151,17 +155,26 @@ class GatewayHandler(ASGIHandler):
 
         # As Django does, watch for the client going away while the view
         # works, and cancel it (and with it the upstream request) when it
-        # does; with one watcher task rather than two tasks and a wait.
+        # does: by a callback the server calls (web.protocol), or where the
+        # server offers none, by one watcher task waiting on receive().
         this = asyncio.current_task()
         state = {"finished": False, "aborted": False}
 
-        async def watch() -> None:
-            message = await receive()
-            if message["type"] == "http.disconnect" and not state["finished"]:
+        def client_left() -> None:
+            if not state["finished"]:
                 state["aborted"] = True
                 this.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(watch())
+        on_disconnect = (scope.get("extensions") or _NONE).get(DISCONNECT_EXTENSION)
+        watcher = None
+        if on_disconnect is not None:
+            on_disconnect(client_left)
+        else:
+            async def watch() -> None:
+                if (await receive())["type"] == "http.disconnect":
+                    client_left()
+
+            watcher = asyncio.get_running_loop().create_task(watch())
         response = None
         try:
             try:
@@ -176,7 +189,10 @@ class GatewayHandler(ASGIHandler):
             this.uncancel()
         finally:
             state["finished"] = True
-            watcher.cancel()
+            if watcher is None:
+                on_disconnect(None)
+            else:
+                watcher.cancel()
             if response is not None and response.streaming:
                 _run_closers(response)
 

@@ -16,6 +16,13 @@ We keep httptools rather than switch to h11 (whose
 per-request CPU was measured with httptools, and h11 alone bounds neither the
 number of headers nor the time they take.
 
+Two things this protocol does for the gateway's speed (issue 20): a
+response's writes made in one event-loop turn go out as one (``_Coalescing``),
+the last of them as soon as the response is complete; and a request learns
+that its client went away from a callback it registers through the scope
+(``scope["extensions"]["llmgw.on_disconnect"]``, gateway.asgi) rather than
+from a task of its own waiting on ``receive()``.
+
 ``llmgw up`` passes this class to uvicorn (``--http web.protocol:HttpProtocol``);
 so must anyone who runs uvicorn directly (docs/production.md).
 """
@@ -28,6 +35,11 @@ from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 logger = logging.getLogger(__name__)
+
+# The scope extension through which an application registers a callback (or None, to stop watching) to be
+# called once when its client goes away before its response is complete. gateway.asgi names it too
+# (neither package imports the other); tests/web/test_protocol.py holds the two names equal.
+DISCONNECT_EXTENSION = "llmgw.on_disconnect"
 
 
 class HeadRefused(Exception):
@@ -86,6 +98,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._head_timer = None
         self._refused = False
         self._coalescing: _Coalescing | None = None
+        self._running = None  # the request whose application runs (self.cycle may be one pipelined behind it)
+        self._on_lost = None  # its callback for its client going away
 
     # --- the head's deadline ------------------------------------------------
 
@@ -113,6 +127,29 @@ class HttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc) -> None:
         self._disarm_head_timer()
         super().connection_lost(exc)
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            # uvicorn tells only its newest request (a pipelined one waiting its turn), not the one running.
+            running.disconnected = True
+            running.message_event.set()
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
+
+    def _start_asgi_task(self, cycle, app) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def _watch_disconnect(self, callback) -> None:
+        """The running request's callback for its client going away, or None when it stops watching (its
+        answer is complete). One at a time: a pipelined request starts after the one before it ended."""
+        self._on_lost = callback
+
+    def on_response_complete(self) -> None:
+        # The response's last write goes out now, not a loop turn later: at concurrency 1 every request
+        # waits for its own.
+        self._flush()
+        super().on_response_complete()
 
     # --- refusing -----------------------------------------------------------
 
@@ -212,6 +249,8 @@ class HttpProtocol(HttpToolsProtocol):
             if self._coalescing is None:
                 self._coalescing = _Coalescing(self.transport, self.loop)
             self.cycle.transport = self._coalescing
+            extensions = self.cycle.scope.setdefault("extensions", {})
+            extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
