@@ -38,8 +38,29 @@ logger = logging.getLogger(__name__)
 
 # The scope extension through which an application registers a callback (or None, to stop watching) to be
 # called once when its client goes away before its response is complete. gateway.asgi names it too
-# (neither package imports the other); tests/web/test_protocol.py holds the two names equal.
+# (neither package imports the other); tests/gateway/test_disconnect.py holds the two names equal.
 DISCONNECT_EXTENSION = "llmgw.on_disconnect"
+
+
+class _DisconnectWatch:
+    """What a connection's scopes offer as DISCONNECT_EXTENSION: it holds the running request's callback.
+    Not a method of the protocol: a scope that pointed back at its protocol would make each connection a
+    reference cycle, left to the garbage collector when it closes."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self) -> None:
+        self.callback = None
+
+    def __call__(self, callback) -> None:
+        """The running request's callback, or None when it stops watching (its answer is complete). One
+        at a time: a pipelined request starts after the one before it ended."""
+        self.callback = callback
+
+    def fire(self) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
 
 
 class HeadRefused(Exception):
@@ -99,7 +120,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._refused = False
         self._coalescing: _Coalescing | None = None
         self._running = None  # the request whose application runs (self.cycle may be one pipelined behind it)
-        self._on_lost = None  # its callback for its client going away
+        self._disconnect_watch = _DisconnectWatch()
 
     # --- the head's deadline ------------------------------------------------
 
@@ -132,18 +153,12 @@ class HttpProtocol(HttpToolsProtocol):
             # uvicorn tells only its newest request (a pipelined one waiting its turn), not the one running.
             running.disconnected = True
             running.message_event.set()
-        callback, self._on_lost = self._on_lost, None
-        if callback is not None:
-            callback()
+        self._running = None
+        self._disconnect_watch.fire()
 
     def _start_asgi_task(self, cycle, app) -> None:
         self._running = cycle
         super()._start_asgi_task(cycle, app)
-
-    def _watch_disconnect(self, callback) -> None:
-        """The running request's callback for its client going away, or None when it stops watching (its
-        answer is complete). One at a time: a pipelined request starts after the one before it ended."""
-        self._on_lost = callback
 
     def on_response_complete(self) -> None:
         # The response's last write goes out now, not a loop turn later: at concurrency 1 every request
@@ -250,7 +265,7 @@ class HttpProtocol(HttpToolsProtocol):
                 self._coalescing = _Coalescing(self.transport, self.loop)
             self.cycle.transport = self._coalescing
             extensions = self.cycle.scope.setdefault("extensions", {})
-            extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
+            extensions[DISCONNECT_EXTENSION] = self._disconnect_watch
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
