@@ -115,14 +115,20 @@ def simulate(requests: list[real.Request], warm: list[real.Request], policy: str
         tokens = ((request.prefix + " ") if request.prefix else "").split() + request.question.split()
         ticket = engines[route.replica_id].submit(tokens, real.MAX_TOKENS, at)
         req = {"id": n, "ticket": ticket, "replica": route.replica_id, "route": route, "arrival": at,
-               "measured": measured, "scheduled": False}
+               "measured": measured, "scheduled": False, "pending": table.last_sent}
         live[n] = req
         if ticket.admitted_at is not None:
             req["scheduled"] = True
             started(req)
         push(at + timeout, "timeout", n)
 
+    def prefilled(req: dict) -> None:
+        """As gateway.proxy counts it: the prompt no longer waits for prefill once answered or given up."""
+        req["route"].prefilled_tokens += req["pending"]
+        req["pending"] = 0
+
     def end(req: dict, now: float, ok: bool) -> None:
+        prefilled(req)
         engine = engines[req["replica"]]
         engine.finish(req["ticket"], now, ok=ok)
         req["route"].inflight -= 1
@@ -182,7 +188,8 @@ def simulate(requests: list[real.Request], warm: list[real.Request], policy: str
                     route.engine = EngineReading(
                         running=state["running"], waiting=state["waiting"], kv_use=state["kv_cache_usage"],
                         backlog=state["prefill_backlog"], cache_tokens=real.BLOCKS * real.BLOCK_SIZE,
-                        own_at_read=route.inflight, sent_at_read=route.sent_tokens, stale_at=float("inf"))
+                        own_at_read=route.inflight, sent_at_read=route.sent_tokens,
+                        prefilled_at_read=route.prefilled_tokens, stale_at=float("inf"))
             continue
         if kind == "share":
             for origin, replica, blocks, _ in outbox:
@@ -199,6 +206,7 @@ def simulate(requests: list[real.Request], warm: list[real.Request], policy: str
         if req is None:
             continue
         if kind == "first":
+            prefilled(req)
             engines[req["replica"]].computed(req["ticket"])
             if req["measured"]:
                 outcome.ttfts.append(at - req["arrival"])

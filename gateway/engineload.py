@@ -50,6 +50,7 @@ class EngineReading:
     backlog: int | None = None
     own_at_read: int = 0  # the reading gateway's requests in flight there when it answered
     sent_at_read: int = 0  # the reading gateway's prompt tokens sent there (Route.sent_tokens) when it answered
+    prefilled_at_read: int = 0  # and of those, answered since they were sent (Route.prefilled_tokens)
     at: float = 0.0  # wall clock
     stale_at: float = 0.0  # monotonic: routed on until then
     error: str = ""
@@ -155,6 +156,7 @@ class EngineScraper:
                 reading.stale_at = time.monotonic() + stale_after
                 reading.own_at_read = route.inflight
                 reading.sent_at_read = route.sent_tokens
+                reading.prefilled_at_read = route.prefilled_tokens
                 route.engine = reading
                 readings[route.replica_id] = reading
                 LATEST[route.replica_id] = reading

@@ -98,12 +98,14 @@ async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, 
     route = gw.table.pick(model, hints=hints)
     if route is None:  # the table changed since the caller looked
         return _no_replica(attempt)
+    pending = gw.table.last_sent  # prompt tokens the decision counted as waiting for prefill on the route
     timeouts = gw.timeouts(model)
     loop = asyncio.get_running_loop()
     started = loop.time()
     total = started + timeouts.total if timeouts.total else None
     for tries in (1, 2):
         route.inflight += 1
+        sent_to = route
         try:
             response, first = await _exchange(gw, route, path, payload, stream, timeouts, loop, total)
             break
@@ -128,6 +130,12 @@ async def forward(attempt: Attempt, path: str, payload: bytes, *, stream: bool, 
         except BaseException:
             route.inflight -= 1
             raise
+        finally:
+            if pending:
+                # Answered (a first chunk, a whole answer), failed or given up: its prompt no longer waits for
+                # prefill there, whether or not the engine's next reading has come (gateway.routing's backlog).
+                sent_to.prefilled_tokens += pending
+                pending = 0
     if stream and response.status == 200:
         return _streaming(attempt, route, response, first, strip_usage, timeouts, total)
     route.inflight -= 1

@@ -189,6 +189,9 @@ class GatewayQueue:
         self.held: dict[int, int] = {}  # replica id -> their requests there, or the batch slots they hold if more
         self.ceilings: dict[int, int] = {}  # replica id -> the most this process may have there to admit batch
         self.others_until = 0.0  # monotonic: counted on until then, the engines' readings after
+        # Called when a batch request waits on this process's ceiling alone (one set while it wanted less, which
+        # an exchange would raise): the runtime exchanges soon instead of at its next sync (gateway.runtime).
+        self.nudge = None
 
     # --- room ----------------------------------------------------------------------------
 
@@ -252,6 +255,22 @@ class GatewayQueue:
         queue = self.models.get(model)
         return free - (queue.granted if queue is not None else 0)
 
+    def _ceiling_bound(self, gw, model: str) -> bool:
+        """Whether an exchange would give this process more batch room on a ready replica of the model: its
+        ceiling there (set when it wanted less: an idle process's is 0) is below both what it now wants (its
+        requests there and its batch waiters) and the share the others leave."""
+        if time.monotonic() >= self.others_until:
+            return False  # no ceilings in force: the engines' readings count
+        queue = self.models.get(model)
+        demand = sum(map(len, queue.classes[_BATCH].values())) + queue.granted if queue is not None else 0
+        share = self._batch_share(model)
+        for route in gw.table.by_model.get(model, ()):
+            ceiling = self.ceilings.get(route.replica_id)
+            if ceiling is not None and ceiling < min(route._inflight + demand,
+                                                     share - self.held.get(route.replica_id, 0)):
+                return True
+        return False
+
     # --- the way in -------------------------------------------------------------------------
 
     async def enter(self, gw, model: str, key_id: int, priority: str) -> bool:
@@ -283,6 +302,8 @@ class GatewayQueue:
         if queue.door is None or queue.door.done():
             queue.door = loop.create_task(self._door(gw, model), name=f"gateway-queue-{model}")
         self.dispatch(gw, model)
+        if rank == _BATCH and not waiter.granted and self.nudge is not None and self._ceiling_bound(gw, model):
+            self.nudge()
         try:
             async with asyncio.timeout(settings.wait):
                 await waiter.future

@@ -31,7 +31,7 @@ class Route:
     """One ready replica's leader, with this process's requests in flight on it."""
 
     __slots__ = ("replica_id", "model", "_base_url", "label", "_inflight", "down_until", "_urls", "engine",
-                 "sent_tokens", "host", "port", "_gauge")
+                 "sent_tokens", "prefilled_tokens", "host", "port", "_gauge")
 
     def __init__(self, replica_id: int, model: str, base_url: str) -> None:
         self.replica_id = replica_id
@@ -43,8 +43,11 @@ class Route:
         self.down_until = 0.0
         # The engine's last /metrics reading (gateway.engineload.EngineReading), None until read.
         self.engine = None
-        # Prompt tokens (estimated, uncached) this process sent here by cache-aware decisions, ever.
+        # Prompt tokens (estimated, uncached) this process sent here by cache-aware decisions, ever; and of
+        # those, the ones no longer waiting for prefill: their request answered (a stream's first chunk, a
+        # whole answer), failed or given up (gateway.proxy).
         self.sent_tokens = 0
+        self.prefilled_tokens = 0
 
     @property
     def base_url(self) -> str:
@@ -129,6 +132,9 @@ class RoutingTable:
         self.catalog: dict[str, int] = {}
         self.by_model: dict[str, list[Route]] = {}
         self.keys: dict[str, Key] = {}
+        # The prompt tokens the last pick counted into its replica's Route.sent_tokens (read by the caller in
+        # the same turn: gateway.proxy counts them prefilled when the request is answered).
+        self.last_sent = 0
         # Where recorded prefixes go for the other gateway processes (gateway.prefixshare.PrefixShare), if anywhere.
         self.share = None
         # Every route this process knows, including ones that left the table
@@ -184,6 +190,7 @@ class RoutingTable:
     def pick(self, model: str, exclude: Route | None = None, hints: Hints = NO_HINTS) -> Route | None:
         """The replica of ``model`` that its routing policy chooses, passing
         over one that refused a connection lately while another is there."""
+        self.last_sent = 0
         routes = self.by_model.get(model)
         if not routes:
             return None
@@ -219,7 +226,8 @@ class RoutingTable:
             # prefixes spread evenly over the caches; at random, some replicas got twice
             # their share and thrashed), then at random.
             route = self._least_outstanding(routes, None, memory)
-            route.sent_tokens += int(hints.chars / self.chars_per_token)
+            self.last_sent = int(hints.chars / self.chars_per_token)
+            route.sent_tokens += self.last_sent
             self._remember(model, route, hints.blocks)
             count = (model, "load")
             self.decisions[count] = self.decisions.get(count, 0) + 1
@@ -234,7 +242,9 @@ class RoutingTable:
             if reading is not None and reading.fresh:
                 running, waiting, kv, own = reading.running, reading.waiting, reading.kv_use, reading.own_at_read
                 if reading.backlog is not None:
-                    backlog = reading.backlog + max(0, route.sent_tokens - reading.sent_at_read)
+                    # What this process sent there since the reading and is not yet answered.
+                    backlog = max(0, reading.backlog + route.sent_tokens - reading.sent_at_read
+                                  - (route.prefilled_tokens - reading.prefilled_at_read))
                 cache_tokens = reading.cache_tokens or cache_tokens
             else:
                 running = waiting = kv = None
@@ -250,7 +260,8 @@ class RoutingTable:
                                             last=self.sessions.get((model, hints.session)))
         route = routes[index]
         if cache:
-            route.sent_tokens += int(candidates[index].uncached)
+            self.last_sent = int(candidates[index].uncached)
+            route.sent_tokens += self.last_sent
             if hints.blocks:
                 self._remember(model, route, hints.blocks)
         else:

@@ -52,6 +52,9 @@ PUBLISH_AT_LEAST_EVERY = 1.0
 USAGE_FLUSH_EVERY = 2.0
 # How often a process deletes the records of processes long gone.
 PRUNE_EVERY = 30.0
+# A sync a batch waiter asked for (gateway.queue's nudge) comes at least this long after the last one ended:
+# soon for one waiter, and not a sync per arrival in a flood.
+NUDGED_SYNC_GAP = 0.02
 CLUSTER_GAUGES_MAX_AGE = 1.0
 # A key the table does not know is looked up once in the database (a key made
 # since the last reload works on its first request). A wrong one is then
@@ -117,6 +120,10 @@ class Gateway:
         self._loaded_at = 0.0
         self._published: tuple | None = None
         self._peers = bool(settings.LLMGW_REDIS_URL)  # the other processes' records are read back (Redis only)
+        self._sync_soon = asyncio.Event()
+        self._synced_at = 0.0
+        if self._peers:
+            self.queue.nudge = self._sync_soon.set
         self._published_at = 0.0
         self._flushed_at = time.monotonic()
         self._pruned_at = 0.0
@@ -314,8 +321,16 @@ class Gateway:
     async def _sync_forever(self) -> None:
         loop = asyncio.get_running_loop()
         interval = settings.LLMGW_GATEWAY_SYNC_INTERVAL
+        soon = self._sync_soon
         while True:
-            await asyncio.sleep(interval)
+            try:
+                async with asyncio.timeout(interval):
+                    await soon.wait()
+            except TimeoutError:
+                pass
+            else:  # a batch request waits on a ceiling an exchange would raise (gateway.queue)
+                await asyncio.sleep(max(0.0, self._synced_at + NUDGED_SYNC_GAP - time.monotonic()))
+            soon.clear()
             try:
                 await self.sync_once(loop)
             except asyncio.CancelledError:
@@ -323,6 +338,7 @@ class Gateway:
             except Exception as exc:
                 self._warn_now_and_then("gateway sync failed (routing as before): %s", exc, exc_info=True)
                 await loop.run_in_executor(self._db, close_old_connections)
+            self._synced_at = time.monotonic()
 
     def _warn_now_and_then(self, message: str, exc: BaseException, *, exc_info: bool = False) -> None:
         """A background loop's failure, logged at most once per 10 s across the loops."""
@@ -356,6 +372,8 @@ class Gateway:
                 self._warn_now_and_then("gateway process record exchange failed: %s", exc)
             else:
                 self.queue.shares(shares)
+                for model in self.queue.waiting():  # what the new ceilings let in goes now, not at the next poll
+                    self.queue.dispatch(self, model)
         elif state != self._published or now - self._published_at >= PUBLISH_AT_LEAST_EVERY:
             await loop.run_in_executor(
                 self._db, lambda: services.gateway_process_publish(

@@ -16,6 +16,8 @@ import pytest
 from gateway.queue import GatewayQueue, QueueSettings, Refusal, _ModelQueue, _Waiter, batch_limit
 from gateway.routing import Route
 
+from .conftest import wait_until
+
 
 def _gw(capacity: int, inflight: int, replicas: int = 1):
     routes = [Route(i, "m", f"http://127.0.0.1:{9000 + i}") for i in range(replicas)]
@@ -163,6 +165,71 @@ def test_wants_hold_batch_to_what_the_process_has_until_the_answer():
     assert queue._room(gw, "m", 2) == 0  # ceiling 4 until the exchange answers: the woken one fills it
     route._inflight = 2
     assert queue._room(gw, "m", 2) == 1  # its own freed slot stays its own
+
+
+def test_a_batch_waiter_asks_for_an_exchange_only_when_one_would_let_it_in():
+    """An idle process's last exchange gave it a batch ceiling of 0 (it wanted nothing): its first batch request
+    asks the runtime to exchange now rather than wait for the next sync; one that waits because the share is
+    used, or without ceilings in force, does not."""
+    from gateway.inflight import Shares
+
+    async def scenario():
+        gw, (route,) = _gw(2, 0)
+        queue = _queue(2, headroom=0.5)  # batch share 1
+        asked = []
+        queue.nudge = lambda: asked.append(route._inflight)
+        queue.shares(Shares(ceilings={0: 0}, held={}))  # the exchange of an idle process
+        first = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        await asyncio.sleep(0)
+        assert asked == [0] and not first.done()
+        queue.shares(Shares(ceilings={0: 1}, held={}))  # the exchange it asked for: its share is its own
+        queue.dispatch(gw, "m")
+        assert await first is True
+        route._inflight = 1  # the share in use: a second batch request waits for a slot, not for an exchange
+        second = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        await asyncio.sleep(0)
+        assert asked == [0] and not second.done()
+        second.cancel()
+        route._inflight = 0
+        queue.shares(Shares(ceilings={0: 0}, held={0: 1}))  # another process holds the share: no exchange helps
+        third = asyncio.create_task(queue.enter(gw, "m", 1, "batch"))
+        await asyncio.sleep(0)
+        assert asked == [0]
+        third.cancel()
+        await asyncio.sleep(0)  # (it leaves the queue)
+        queue.shares(Shares(ceilings={0: 0}, held={}))
+        queue.others_until = time.monotonic() - 1  # no exchange answered lately: the readings count, no ceiling
+        assert await queue.enter(gw, "m", 1, "batch") is False and asked == [0]
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_gateways_first_batch_request_does_not_wait_for_the_next_sync(gateway_web, make_replica,
+                                                                                sim_engine, api_key):
+    """Through a real gateway on Redis with a sync every 3 s: once its first exchange (idle: batch ceiling 0) is
+    written, a batch request is answered at once, not when the next sync comes or that exchange's answer goes
+    stale (gateway.queue.OTHERS_FOR, 1 s)."""
+    import redis
+    from django.conf import settings
+
+    from gateway.inflight import HASH_KEY
+    from gateway.services import key_update
+
+    make_replica("m", sim_engine("m"))
+    key = api_key("batch-team")
+    key_update(name="batch-team", priority="batch")
+    web = gateway_web(LLMGW_GATEWAY_SYNC_INTERVAL="3")
+    store = redis.Redis.from_url(settings.LLMGW_REDIS_URL)
+    try:
+        wait_until(lambda: store.hlen(HASH_KEY) > 0, timeout=10, message="the gateway's first exchange")
+    finally:
+        store.close()
+    started = time.monotonic()
+    answer = httpx.post(f"{web.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=10,
+                        json={"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 2})
+    took = time.monotonic() - started
+    assert answer.status_code == 200, answer.text
+    assert took < 0.5, f"the batch request took {took:.2f} s: it waited for a sync"
 
 
 def test_bounds_count_then_wait():

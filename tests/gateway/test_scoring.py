@@ -91,6 +91,37 @@ def test_table_counts_what_it_sent_since_the_reading_in_the_backlog():
     assert table.decisions == {("m", "load"): 2, ("m", "prefix"): 1}
 
 
+def test_an_answered_request_no_longer_counts_in_its_replicas_backlog():
+    """Until the engine's next reading, a replica's backlog counts what this process sent there since the
+    last one and has not had answered. A prompt the holder has answered (gateway.proxy counts it prefilled)
+    no longer weighs against the holder: the same prefix goes back to its cache. (Counted until the next
+    reading, it made the holder cost what a whole prefill elsewhere costs, and a tie sent it elsewhere.)"""
+    from gateway.engineload import EngineReading
+
+    prefix = tuple(range(10_000))
+    second = Hints(blocks=prefix + tuple(range(10_000, 10_100)), chars=10_100)
+
+    def second_goes_to(answered: bool, read_between: bool = False) -> int:
+        table = _table(CACHE_AWARE, 1, 2)
+        for route in table.routes.values():
+            route.engine = EngineReading(running=0, waiting=0, kv_use=0.0, backlog=0, stale_at=float("inf"))
+        table.routes[1].inflight = 1  # busy for a moment: the first prompt goes to 2
+        home = table.pick("m", hints=Hints(blocks=prefix, chars=10_000))
+        table.routes[1].inflight = 0
+        assert home.replica_id == 2 and table.last_sent == 10_000
+        if read_between:  # the engine read while the prompt waited for prefill there
+            home.engine = EngineReading(running=1, waiting=0, kv_use=0.0, backlog=10_000, stale_at=float("inf"),
+                                        own_at_read=1, sent_at_read=home.sent_tokens)
+        if answered:
+            home.prefilled_tokens += table.last_sent
+        return table.pick("m", hints=second).replica_id
+
+    assert second_goes_to(answered=True) == 2
+    assert second_goes_to(answered=True, read_between=True) == 2
+    # Not answered: its 10,000 tokens still wait for prefill there, as much as the other's whole prompt would.
+    assert second_goes_to(answered=False) == 1
+
+
 def test_hot_prefix_goes_elsewhere_once_its_holder_is_overloaded():
     cands = [Candidate(1, inflight=3, matched=10), Candidate(2, inflight=0), Candidate(3, inflight=1)]
     assert scoring.cache_aware(cands, 10) == (0, "prefix")
