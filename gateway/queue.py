@@ -144,6 +144,9 @@ class _ModelQueue:
             if not queue:
                 del keys[waiter.key_id]
 
+    def batch_waiting(self) -> int:
+        return sum(map(len, self.classes[_BATCH].values()))
+
     def ahead(self, rank: int) -> bool:
         """Whether requests of this class or a higher one wait."""
         return self.count > 0 and any(self.classes[r] for r in range(rank + 1))
@@ -204,7 +207,7 @@ class GatewayQueue:
         for model, routes in table.by_model.items():
             queue = self.models.get(model)
             granted = queue.granted if queue is not None else 0
-            demand = sum(map(len, queue.classes[_BATCH].values())) if queue is not None else 0
+            demand = queue.batch_waiting() if queue is not None else 0
             share = self._batch_share(model)
             for route in routes:
                 own = inflight.get(route.replica_id, 0) + granted
@@ -262,7 +265,7 @@ class GatewayQueue:
         if time.monotonic() >= self.others_until:
             return False  # no ceilings in force: the engines' readings count
         queue = self.models.get(model)
-        demand = sum(map(len, queue.classes[_BATCH].values())) + queue.granted if queue is not None else 0
+        demand = queue.batch_waiting() + queue.granted if queue is not None else 0
         share = self._batch_share(model)
         for route in gw.table.by_model.get(model, ()):
             ceiling = self.ceilings.get(route.replica_id)

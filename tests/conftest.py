@@ -250,11 +250,15 @@ def web_factory(pki_dir, transactional_db, tmp_path):
     """Start the real web process (uvicorn, ASGI) against the test database."""
     servers: list[Server] = []
 
-    def make(*, port: int | None = None, **env: str) -> Server:
+    def make(*, port: int | None = None, http: str | None = None, **env: str) -> Server:
+        """``http``: another uvicorn --http class than the one 'llmgw up' passes (web.protocol)."""
         port = port or free_port()
         from cli.commands import web_argv
 
-        server = Server("web", web_argv(host="127.0.0.1", port=port), server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
+        argv = web_argv(host="127.0.0.1", port=port)
+        if http is not None:
+            argv[argv.index("--http") + 1] = http
+        server = Server("web", argv, server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
         servers.append(server)
         return server.start()
 

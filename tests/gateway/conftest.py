@@ -77,7 +77,8 @@ def fake_engine():
 
 @pytest.fixture
 def gateway_web(web_factory):
-    """gateway_web(**env) -> the real web process (uvicorn), syncing its routing table every 0.1 s."""
+    """gateway_web(http=None, **env) -> the real web process (uvicorn; web_factory's http), syncing its routing
+    table every 0.1 s."""
 
     def start(**env: str):
         env.setdefault("LLMGW_GATEWAY_SYNC_INTERVAL", "0.1")

@@ -11,33 +11,10 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import Server, free_port, server_env
-
 from .conftest import metric_samples, sample, wait_until
 
-OURS = "web.protocol:HttpProtocol"
+OURS = None  # what 'llmgw up' passes: web.protocol:HttpProtocol
 STOCK = "httptools"  # uvicorn's own: no disconnect callback in the scope
-
-
-@pytest.fixture
-def web_with_protocol(pki_dir, transactional_db, tmp_path):
-    """web_with_protocol(protocol, **env) -> the web process under uvicorn with that --http class."""
-    from cli.commands import web_argv
-
-    servers: list[Server] = []
-
-    def start(protocol: str, **env: str) -> Server:
-        port = free_port()
-        argv = web_argv(host="127.0.0.1", port=port)
-        argv[argv.index("--http") + 1] = protocol
-        env.setdefault("LLMGW_GATEWAY_SYNC_INTERVAL", "0.1")
-        server = Server("web", argv, server_env(**env), "127.0.0.1", port, tmp_path / f"web-{port}.log")
-        servers.append(server)
-        return server.start()
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def _code_count(base_url: str, replica, code: str) -> float:
@@ -61,13 +38,13 @@ def _request(body: bytes = b'{"model": "m", "messages": [{"role": "user", "conte
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-@pytest.mark.parametrize("protocol", [OURS, STOCK])
+@pytest.mark.parametrize("protocol", [OURS, STOCK], ids=["ours", "stock"])
 def test_a_whole_answer_the_client_left_is_cancelled_while_the_engine_still_works(
-        protocol, web_with_protocol, make_replica, fake_engine):
+        protocol, gateway_web, make_replica, fake_engine):
     engine = fake_engine("m")
     engine.mode = "hang"  # answers nothing until released: only the disconnect can end the gateway's wait
     replica = make_replica("m", engine.port)
-    web = web_with_protocol(protocol, LLMGW_GATEWAY_OPEN="1")
+    web = gateway_web(http=protocol, LLMGW_GATEWAY_OPEN="1")
     with socket.create_connection((web.host, web.port), timeout=5) as sock:
         sock.sendall(_request())
         wait_until(lambda: engine.requests, timeout=5, message="the engine receiving the request")
@@ -80,13 +57,13 @@ def test_a_whole_answer_the_client_left_is_cancelled_while_the_engine_still_work
 
 
 def test_pipelined_requests_are_answered_in_order_and_each_stops_on_a_disconnect(
-        web_with_protocol, make_replica, fake_engine):
+        gateway_web, make_replica, fake_engine):
     """Two requests in one write: the second's head replaces the protocol's current request before the first
     is answered. Both are answered, in order; then, pipelined behind one the engine holds, a client that
     leaves stops the one that runs (uvicorn's own protocol tells only the one waiting behind it)."""
     engine = fake_engine("m")
     replica = make_replica("m", engine.port)
-    web = web_with_protocol(OURS, LLMGW_GATEWAY_OPEN="1")
+    web = gateway_web(LLMGW_GATEWAY_OPEN="1")
     with socket.create_connection((web.host, web.port), timeout=5) as sock:
         sock.sendall(_request() + _request())
         data, deadline = b"", time.monotonic() + 5
